@@ -1,0 +1,1 @@
+"""Fused chunked log-prob / entropy / clamped-entropy kernels."""
