@@ -15,11 +15,14 @@ def check_trl_version(installed: str | None = None) -> str:
         try:
             installed = version("trl")
         except PackageNotFoundError as error:
-            raise ImportError(f"trl_entropy needs trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE}; trl is not installed.") from error
+            raise ImportError(
+                f"trl_entropy needs trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE}; trl is not installed."
+            ) from error
     parsed = Version(installed)
     if not TRL_MIN <= Version(parsed.base_version) < TRL_MAX_EXCLUSIVE:
         raise ImportError(
-            f"trl_entropy supports trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE} (it overrides GRPOTrainer internals that change "
-            f"between releases), but trl=={installed} is installed. Run: pip install 'trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE}'"
+            f"trl_entropy supports trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE} (it overrides GRPOTrainer internals that "
+            f"change between releases), but trl=={installed} is installed. "
+            f"Run: pip install 'trl>={TRL_MIN},<{TRL_MAX_EXCLUSIVE}'"
         )
     return installed
