@@ -9,7 +9,6 @@ previous one, so generation and TRL's own fused head keep working.
 
 import functools
 import types
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -88,20 +87,26 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         mask = attention_mask[:, -keep:].bool()
         lm_head = self.get_output_embeddings()
         weight, bias = lm_head.weight, lm_head.bias
-        hidden_states = hidden_states.to(weight.device)
-        mask, targets = mask.to(weight.device), targets.to(weight.device)
-        autocast = nullcontext()
+        device = weight.device.type
+        hidden_states, mask, targets = (
+            hidden_states.to(weight.device),
+            mask.to(weight.device),
+            targets.to(weight.device),
+        )
+        # The kernel accumulates in fp32 whatever its inputs, and runs outside autocast. Under autocast it gets the
+        # operands autocast would give a matmul (the autocast dtype), unless the head is kept in fp32.
         if cast_lm_head_to_fp32:
-            hidden_states = hidden_states.float()
-            autocast = torch.autocast(hidden_states.device.type, enabled=False)
-        elif hidden_states.dtype != weight.dtype:  # autocast may hand back states in another dtype than the head's
-            hidden_states = hidden_states.to(weight.dtype)
-        with autocast:
+            compute_dtype = torch.float32
+        elif torch.is_autocast_enabled(device):
+            compute_dtype = torch.get_autocast_dtype(device)
+        else:
+            compute_dtype = weight.dtype
+        with torch.autocast(device, enabled=False):
             per_token = chunked_logprob_entropy(
-                hidden_states[mask],
-                weight,
+                hidden_states[mask].to(compute_dtype),
+                weight.to(compute_dtype),
                 targets[mask],
-                bias=bias,
+                bias=None if bias is None else bias.to(compute_dtype),
                 temperature=temperature,
                 clamp_fraction=entropy_head.clamp_fraction,
                 chunk_size=entropy_head.chunk_size,

@@ -1,0 +1,76 @@
+"""Shared fixtures: the offline toy model saved once per session, and hand-built GRPO micro-batches."""
+
+import os
+
+import pytest
+import torch
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+@pytest.fixture(scope="session")
+def toy_tokenizer():
+    from trl_entropy.toy import build_toy_tokenizer
+
+    return build_toy_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def toy_model_path(tmp_path_factory, toy_tokenizer):
+    """A randomly initialised toy model saved to disk (loadable by path, so TRL can build a reference model)."""
+    from trl_entropy.toy import build_toy_model
+
+    path = tmp_path_factory.mktemp("toy_model")
+    build_toy_model(toy_tokenizer, seed=0).save_pretrained(path)
+    toy_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def warm_toy_policy_path(tmp_path_factory):
+    """The warm-started toy policy (it sometimes succeeds), saved once for the whole session."""
+    from trl_entropy.toy import build_toy_policy
+
+    path = tmp_path_factory.mktemp("warm_toy_policy")
+    model, tokenizer = build_toy_policy(seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=6, seed=0, old_noise=0.3, ref=True):
+    """A GRPO micro-batch as ``_generate_and_score_completions`` returns it, with padding on both sides.
+
+    The rollout and reference log-probs are the model's own (computed here from the full logits) plus noise, so the
+    ratios fall on both sides of the clip range.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(4, vocab_size, (batch, prompt_len), generator=generator)
+    prompt_mask = torch.ones(batch, prompt_len, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    completion_ids = torch.randint(4, vocab_size, (batch, completion_len), generator=generator)
+    completion_mask = torch.ones(batch, completion_len, dtype=torch.long)
+    completion_mask[1, 3:] = 0  # an early eos
+    completion_mask[2, 1:] = 0
+    with torch.no_grad():
+        input_ids = torch.cat([prompt_ids, completion_ids], 1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], 1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+        log_probs = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
+        log_probs = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(batch, generator=generator),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if old_noise is not None:
+        inputs["old_per_token_logps"] = log_probs + old_noise * torch.randn(log_probs.shape, generator=generator)
+    if ref:
+        inputs["ref_per_token_logps"] = log_probs + 0.2 * torch.randn(log_probs.shape, generator=generator)
+    return inputs
