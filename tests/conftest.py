@@ -53,8 +53,8 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
     prompt_mask[0, :2] = 0  # left padding
     completion_ids = torch.randint(4, vocab_size, (batch, completion_len), generator=generator)
     completion_mask = torch.ones(batch, completion_len, dtype=torch.long)
-    completion_mask[1, 3:] = 0  # an early eos
-    completion_mask[2, 1:] = 0
+    completion_mask[1:2, 3:] = 0  # an early eos (rows that exist)
+    completion_mask[2:3, 1:] = 0
     with torch.no_grad():
         input_ids = torch.cat([prompt_ids, completion_ids], 1)
         attention_mask = torch.cat([prompt_mask, completion_mask], 1)
