@@ -1,7 +1,7 @@
 """REPO: Regulated Entropy Policy Optimization, REPO-D and REPO-R (seed 002, §5.1, App. A.7, D.2).
 
-REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled token's
-rollout log-prob ``ℓ^s_t`` (``old_per_token_logps``, detached) and a centring term ``c_t``:
+REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled
+token's rollout log-prob ``ℓ^s_t`` (``old_per_token_logps``, detached) and a centring term ``c_t``:
 
 * REPO-D (decorrelate): ``ζ_t = ℓ^s_t − c_t``. In expectation this is GRPO plus an entropy bonus ``β · H(π)``,
   estimated by REINFORCE from the sampled token only (App. A.7).
@@ -10,9 +10,9 @@ rollout log-prob ``ℓ^s_t`` (``old_per_token_logps``, detached) and a centring 
 * Centring: ``c_t = 0`` (the paper's practical choice) or ``c_t = −H_t`` (the exact per-state centring, since
   ``E_{a∼π}[log π(a|s)] = −H(s)``; the kernel gives ``H_t`` at no cost).
 
-``β`` is moved by :class:`REPOController` once per optimizer step so that the mean full entropy tracks a target: the mean
-entropy of the first optimizer step, or a given ``entropy_target``. No extra forward pass is needed: ``ℓ^s_t`` is the
-rollout log-prob GRPO already has.
+``β`` is moved by :class:`REPOController` once per optimizer step so that the mean full entropy tracks a target: the
+mean entropy of the first optimizer step, or a given ``entropy_target``. No extra forward pass is needed: ``ℓ^s_t`` is
+the rollout log-prob GRPO already has.
 """
 
 import math
@@ -81,8 +81,8 @@ class REPOConfig(EntropyGRPOConfig):
     repo_variant: str = field(
         default="R",
         metadata={
-            "help": "'R' (REPO-R, rescale: zeta_t = |A_t| (logp^s_t - c_t); the variant of the paper's experiments) or "
-            "'D' (REPO-D, decorrelate: zeta_t = logp^s_t - c_t, an entropy bonus estimated by REINFORCE).",
+            "help": "'R' (REPO-R, rescale: zeta_t = |A_t| (logp^s_t - c_t); the variant of the paper's experiments) "
+            "or 'D' (REPO-D, decorrelate: zeta_t = logp^s_t - c_t, an entropy bonus estimated by REINFORCE).",
             "choices": list(REPO_VARIANTS),
         },
     )
