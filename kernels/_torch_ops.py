@@ -1,0 +1,116 @@
+"""PyTorch implementation of the per-chunk work: forward row statistics and the backward logits gradient.
+
+Both functions work on one chunk of logits ``z`` (rows = tokens, fp32, contiguous) and overwrite it; the caller
+(`logprob_entropy.py`) owns the chunking, the matmuls and the per-token bookkeeping. Notation, per row:
+
+* ``m``  the row max, ``y = m - z >= 0`` (exact near the max), ``e = exp(-y)``;
+* ``s_rest`` / ``sy_rest``: ``sum e`` / ``sum e*y`` over the row **without the target column** (the target's own
+  term is added back from its logit, so that ``1 - p_target`` never comes out of a cancellation);
+* with a clamp, ``thr`` is the row's k-th smallest logit, kept entries are ``z > thr``, and ``sc_rest`` /
+  ``syc_rest`` are the same sums restricted to kept entries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._select import kth_smallest_threshold
+
+
+def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel()."""
+    n, vocab = z.shape
+    numel = z.numel()
+    neg_y = work.view(-1)[:numel].view(n, vocab)
+    scratch = work.view(-1)[numel : 2 * numel].view(n, vocab)
+    tgt = targets.unsqueeze(1)
+
+    m = z.amax(1)
+    z_t = z.gather(1, tgt).squeeze(1)
+    out = {"m": m, "y_t": m - z_t}
+    if k > 0:
+        thr = kth_smallest_threshold(z, k, row_max=m, scratch=scratch)
+        # at least the max is kept, even when the whole row ties
+        thr = torch.minimum(thr, torch.nextafter(m, torch.full_like(m, -float("inf"))))
+        kept = torch.gt(z, thr.unsqueeze(1), out=scratch)  # 0/1 in fp32
+        out["thr"] = thr
+        out["kept_t"] = (z_t > thr).to(torch.float32)
+
+    torch.sub(z, m.unsqueeze(1), out=neg_y)  # -y
+    e = torch.exp(neg_y, out=z)  # z's storage now holds e
+    e.scatter_(1, tgt, 0.0)
+    out["s_rest"] = e.sum(1)
+    neg_y.mul_(e)  # -e*y
+    out["sy_rest"] = neg_y.sum(1).neg_()
+    if k > 0:
+        e.mul_(kept)
+        out["sc_rest"] = e.sum(1)
+        neg_y.mul_(kept)
+        out["syc_rest"] = neg_y.sum(1).neg_()
+    return out
+
+
+def grad_tile(
+    z: torch.Tensor,
+    vocab_start: int,
+    targets: torch.Tensor,
+    coef: dict[str, torch.Tensor],
+    work: torch.Tensor,
+) -> torch.Tensor:
+    """Gradient of the loss w.r.t. one tile of logits ``z`` (n, w) (columns ``vocab_start:vocab_start + w``).
+
+    ``z`` is destroyed; the gradient is returned in a buffer carved from ``work`` (fp32, >= 3 * z.numel()).
+    ``coef`` holds the per-row vectors prepared by ``logprob_entropy._backward_coefficients``:
+
+    * always ``m``, ``neg_logs`` (``-log sum e``), ``a0`` and optional ``b0`` (the non-clamped coefficient
+      ``c(y) = a0 + b0 * y``, so that ``dL/dz = p * c(y)`` away from the target);
+    * with a clamped-entropy gradient, ``thr``, ``da``, ``db``: kept entries add ``da + db * y``;
+    * ``g_lp``, ``om`` (``-expm1(log_prob)``), ``g_h``, ``ybar``, ``g_cr``, ``ybar_c`` for the target entry, which
+      is rebuilt exactly as ``g_lp * (1 - p_t) + p_t * (g_h (y_t - ybar) + [kept] g_cr (y_t - ybar_c))``.
+    """
+    n, width = z.shape
+    numel = z.numel()
+    p = work.view(-1)[:numel].view(n, width)
+    c = work.view(-1)[numel : 2 * numel].view(n, width)
+    d = work.view(-1)[2 * numel : 3 * numel].view(n, width)
+    has_clamp = "thr" in coef
+
+    local = targets - vocab_start
+    in_tile = (local >= 0) & (local < width)
+    rows = in_tile.nonzero().squeeze(1)
+    cols = local.index_select(0, rows).unsqueeze(1)
+
+    if has_clamp:
+        kept = torch.gt(z, coef["thr"].unsqueeze(1), out=d)
+        kept_t = kept[rows].gather(1, cols).squeeze(1)
+    y = torch.sub(coef["m"].unsqueeze(1), z, out=z)
+    torch.sub(coef["neg_logs"].unsqueeze(1), y, out=p).exp_()
+    y_t = y[rows].gather(1, cols).squeeze(1)
+    p_t = p[rows].gather(1, cols).squeeze(1)
+
+    a0 = coef["a0"].unsqueeze(1)
+    if "b0" not in coef and not has_clamp:
+        p.mul_(a0)
+    else:
+        if "b0" in coef:
+            torch.addcmul(a0, coef["b0"].unsqueeze(1), y, out=c)
+        else:
+            c.copy_(a0.expand(n, width))
+        if has_clamp:
+            # c += kept * (da + db * y), with kept in d
+            dk = torch.addcmul(coef["da"].unsqueeze(1), coef["db"].unsqueeze(1), y, out=y)
+            c.addcmul_(dk, kept)
+        p.mul_(c)
+
+    if rows.numel():
+        g_t = torch.zeros_like(y_t)
+        if "g_lp" in coef:
+            g_t += coef["g_lp"].index_select(0, rows) * coef["om"].index_select(0, rows)
+        rest = torch.zeros_like(y_t)
+        if "g_h" in coef:
+            rest += coef["g_h"].index_select(0, rows) * (y_t - coef["ybar"].index_select(0, rows))
+        if has_clamp:
+            rest += kept_t * coef["g_cr"].index_select(0, rows) * (y_t - coef["ybar_c"].index_select(0, rows))
+        g_t += p_t * rest
+        p[rows, cols.squeeze(1)] = g_t
+    return p

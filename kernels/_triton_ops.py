@@ -1,0 +1,253 @@
+"""Triton implementation of the per-chunk work (same contract as `_torch_ops.py`).
+
+Imported lazily, on the first call with ``backend="triton"`` (or ``"auto"`` on a CUDA tensor). Triton reads
+``TRITON_INTERPRET`` when the kernels below are decorated, i.e. when this module is first imported: to run them on
+CPU tensors, set ``TRITON_INTERPRET=1`` before the first Triton call in the process.
+
+Kernels
+-------
+``_forward_stats_kernel``, one program per token (row of the chunk's logits, which cuBLAS wrote in fp32):
+
+1. one streaming pass for the row max (and min, with a clamp) and the target logit;
+2. with a clamp, the k-th smallest logit by a **multi-way search on the value**: fp32 values are mapped to int32 keys
+   whose integer order is the float order (negative floats get their 31 low bits flipped), and every pass counts the
+   entries ``<= `` each of ``NSPLIT`` evenly spaced keys of the current bracket, which shrinks it ~17-fold; the 2**32
+   key range closes in at most 8-9 passes and yields the k-th smallest value exactly (no sort, no extra memory);
+3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
+   same over kept entries (``key(z) > key(thr)``).
+
+``_grad_tile_kernel``, one program per (token, block of columns): recomputes ``p`` from the saved row statistics and
+overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch/cuBLAS).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+
+
+INTERPRET = bool(knobs.runtime.interpret)
+NSPLIT = 16  # keys probed per selection pass (a power of two: tl.arange)
+
+
+@triton.jit
+def _key(x):
+    # fp32 -> int32 whose signed order is the float order (for non-NaN values)
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
+def _forward_stats_kernel(
+    z_ptr,
+    stride_z,
+    tgt_ptr,
+    n_cols,
+    k,
+    m_ptr,
+    yt_ptr,
+    s_ptr,
+    sy_ptr,
+    thr_ptr,
+    keptt_ptr,
+    sc_ptr,
+    syc_ptr,
+    HAS_CLAMP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEL_BLOCK: tl.constexpr,
+    NSPLIT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = z_ptr + row * stride_z
+    tgt = tl.load(tgt_ptr + row).to(tl.int64)
+
+    # pass 1: max (and min)
+    vmax = tl.full([BLOCK], -float("inf"), tl.float32)
+    vmin = tl.full([BLOCK], float("inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        msk = offs < n_cols
+        z = tl.load(base + offs, mask=msk, other=-float("inf"))
+        vmax = tl.maximum(vmax, z)
+        if HAS_CLAMP:
+            vmin = tl.minimum(vmin, tl.where(msk, z, float("inf")))
+    m = tl.max(vmax, axis=0)
+    z_t = tl.load(base + tgt)
+    y_t = m - z_t
+    tl.store(m_ptr + row, m)
+    tl.store(yt_ptr + row, y_t)
+
+    # pass 2 (clamp): smallest key T with count(key <= T) >= k, i.e. the k-th smallest logit
+    thr_key = tl.full([], 0, tl.int64)
+    if HAS_CLAMP:
+        lo = _key(tl.min(vmin, axis=0)).to(tl.int64) - 1  # count(<= lo) = 0 < k
+        hi = _key(m).to(tl.int64)  # count(<= hi) = V >= k
+        j = tl.arange(0, NSPLIT).to(tl.int64)
+        while hi - lo > 1:
+            pts = lo + ((hi - lo) * (j + 1)) // (NSPLIT + 1)
+            cnt = tl.zeros([NSPLIT], tl.int32)
+            for start in range(0, n_cols, SEL_BLOCK):
+                offs = start + tl.arange(0, SEL_BLOCK)
+                msk = offs < n_cols
+                kz = _key(tl.load(base + offs, mask=msk, other=0.0)).to(tl.int64)
+                le = (kz[:, None] <= pts[None, :]) & msk[:, None]
+                cnt += tl.sum(le.to(tl.int32), axis=0)
+            lo = tl.maximum(lo, tl.max(tl.where(cnt < k, pts, lo), axis=0))
+            hi = tl.minimum(hi, tl.min(tl.where(cnt >= k, pts, hi), axis=0))
+        # keep at least the max, even when the whole row ties
+        thr_key = tl.minimum(hi, _key(m).to(tl.int64) - 1)
+        thr_bits = tl.where(thr_key < 0, thr_key ^ 0x7FFFFFFF, thr_key).to(tl.int32)
+        tl.store(thr_ptr + row, thr_bits.to(tl.float32, bitcast=True))
+        kept_t = (_key(z_t).to(tl.int64) > thr_key).to(tl.float32)
+        tl.store(keptt_ptr + row, kept_t)
+
+    # pass 3: sums without the target column
+    acc_s = tl.zeros([BLOCK], tl.float32)
+    acc_sy = tl.zeros([BLOCK], tl.float32)
+    acc_sc = tl.zeros([BLOCK], tl.float32)
+    acc_syc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        msk = offs < n_cols
+        z = tl.load(base + offs, mask=msk, other=0.0)
+        valid = msk & (offs != tgt)
+        y = tl.where(valid, m - z, 0.0)
+        e = tl.where(valid, tl.exp(-y), 0.0)
+        acc_s += e
+        acc_sy += e * y
+        if HAS_CLAMP:
+            ek = tl.where(_key(z).to(tl.int64) > thr_key, e, 0.0)
+            acc_sc += ek
+            acc_syc += ek * y
+    tl.store(s_ptr + row, tl.sum(acc_s, axis=0))
+    tl.store(sy_ptr + row, tl.sum(acc_sy, axis=0))
+    if HAS_CLAMP:
+        tl.store(sc_ptr + row, tl.sum(acc_sc, axis=0))
+        tl.store(syc_ptr + row, tl.sum(acc_syc, axis=0))
+
+
+@triton.jit
+def _grad_tile_kernel(
+    z_ptr,
+    stride_z,
+    tgt_ptr,
+    vocab_start,
+    n_cols,
+    m_ptr,
+    neg_logs_ptr,
+    a0_ptr,
+    b0_ptr,
+    thr_ptr,
+    da_ptr,
+    db_ptr,
+    g_lp_ptr,
+    om_ptr,
+    g_h_ptr,
+    ybar_ptr,
+    g_cr_ptr,
+    ybar_c_ptr,
+    HAS_LP: tl.constexpr,
+    HAS_H: tl.constexpr,
+    HAS_CLAMP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    msk = offs < n_cols
+    ptrs = z_ptr + row * stride_z + offs
+    z = tl.load(ptrs, mask=msk, other=0.0)
+
+    y = tl.load(m_ptr + row) - z
+    p = tl.exp(tl.load(neg_logs_ptr + row) - y)
+    c = tl.zeros([BLOCK], tl.float32) + tl.load(a0_ptr + row)
+    rest = tl.zeros([BLOCK], tl.float32)  # the target entry's coefficient, without the log-prob term
+    if HAS_H:
+        b0 = tl.load(b0_ptr + row)
+        c += b0 * y
+        rest += tl.load(g_h_ptr + row) * (y - tl.load(ybar_ptr + row))
+    if HAS_CLAMP:
+        kept = _key(z) > _key(tl.load(thr_ptr + row))
+        c += tl.where(kept, tl.load(da_ptr + row) + tl.load(db_ptr + row) * y, 0.0)
+        rest += tl.where(kept, tl.load(g_cr_ptr + row) * (y - tl.load(ybar_c_ptr + row)), 0.0)
+    g = p * c
+    g_t = p * rest
+    if HAS_LP:
+        # 1 - p_target = -expm1(log_prob), precomputed per token
+        g_t += tl.load(g_lp_ptr + row) * tl.load(om_ptr + row)
+    is_t = (offs + vocab_start) == tl.load(tgt_ptr + row)
+    g = tl.where(is_t, g_t, g)
+    tl.store(ptrs, g, mask=msk)
+
+
+def _block(n_cols: int) -> int:
+    return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
+
+
+def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
+    """Same outputs as `_torch_ops.forward_stats`; ``z`` is left unchanged."""
+    n, vocab = z.shape
+    f32 = dict(dtype=torch.float32, device=z.device)
+    out = {name: torch.empty(n, **f32) for name in ("m", "y_t", "s_rest", "sy_rest")}
+    if k > 0:
+        out.update({name: torch.empty(n, **f32) for name in ("thr", "kept_t", "sc_rest", "syc_rest")})
+    if n == 0:
+        return out
+    dummy = out["m"]
+    block = _block(vocab)
+    _forward_stats_kernel[(n,)](
+        z,
+        z.stride(0),
+        targets,
+        vocab,
+        k,
+        out["m"],
+        out["y_t"],
+        out["s_rest"],
+        out["sy_rest"],
+        out.get("thr", dummy),
+        out.get("kept_t", dummy),
+        out.get("sc_rest", dummy),
+        out.get("syc_rest", dummy),
+        HAS_CLAMP=k > 0,
+        BLOCK=block,
+        SEL_BLOCK=max(16, block // 4),
+        NSPLIT=NSPLIT,
+    )
+    return out
+
+
+def grad_tile(z, vocab_start, targets, coef, work=None):
+    """Same contract as `_torch_ops.grad_tile`; writes the gradient into ``z`` and returns it."""
+    n, width = z.shape
+    if n == 0 or width == 0:
+        return z
+    dummy = coef["m"]
+    block = _block(width)
+    has_clamp = "thr" in coef
+    _grad_tile_kernel[(n, triton.cdiv(width, block))](
+        z,
+        z.stride(0),
+        targets,
+        vocab_start,
+        width,
+        coef["m"],
+        coef["neg_logs"],
+        coef["a0"],
+        coef.get("b0", dummy),
+        coef.get("thr", dummy),
+        coef.get("da", dummy),
+        coef.get("db", dummy),
+        coef.get("g_lp", dummy),
+        coef.get("om", dummy),
+        coef.get("g_h", dummy),
+        coef.get("ybar", dummy),
+        coef.get("g_cr", dummy),
+        coef.get("ybar_c", dummy),
+        HAS_LP="g_lp" in coef,
+        HAS_H="b0" in coef,
+        HAS_CLAMP=has_clamp,
+        BLOCK=block,
+    )
+    return z

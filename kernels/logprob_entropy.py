@@ -1,0 +1,383 @@
+"""Chunked, fused LM-head log-prob / entropy / clamped entropy with a recomputing backward.
+
+See ``docs/kernel.md`` for the formulas and the design. In short, with ``z = (hidden @ weight.T + bias) / T``:
+
+* ``log_probs[i] = z[i, t_i] - logsumexp(z[i])``
+* ``entropy[i]   = H(softmax(z[i]))``
+* ``clamped[i]   = H(softmax over the V - k largest entries of z[i])``, ``k = floor(clamp_fraction * V)``
+
+Rows (tokens) are processed ``chunk_size`` at a time; only one chunk of logits exists at any moment, forward or
+backward. The forward keeps a few floats per token; the backward recomputes each chunk's logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _torch_ops
+
+
+__all__ = ["ChunkedLogProbEntropyFunction", "chunked_logprob_entropy", "default_chunk_size", "triton_available"]
+
+# Bytes of fp32 logits per chunk (one buffer; the torch path keeps ~3 such buffers alive in the forward, ~4 in the
+# backward). CPU: tuned on a 2-core machine (docs/kernel.md); CUDA: large enough for full-speed GEMMs.
+CHUNK_BYTES_CPU = 64 << 20
+CHUNK_BYTES_CUDA = 256 << 20
+# Width of the vocabulary tiles when the weight must be upcast to fp32 for the matmul (bf16/fp16 weights without a
+# matmul that writes fp32): bounds the fp32 copy of the weight tile.
+UPCAST_TILE_BYTES = 32 << 20
+
+_BACKENDS = ("auto", "torch", "triton")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------------------------------
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _triton_ops():
+    from . import _triton_ops
+
+    return _triton_ops
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    # backend == "triton"
+    if not triton_available():
+        raise ValueError("backend='triton' was requested but triton is not importable; use backend='torch' or 'auto'")
+    if device.type != "cuda":
+        ops = _triton_ops()
+        if not ops.INTERPRET:
+            raise ValueError(
+                f"backend='triton' on {device.type} tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
+                "before the first Triton kernel is used in the process (or use backend='torch')"
+            )
+    return "triton"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Matmuls with fp32 outputs
+# --------------------------------------------------------------------------------------------------------------------
+_MM_OUT_DTYPE_OK: dict[str, bool] = {}
+
+
+def _fast_half(t: torch.Tensor) -> bool:
+    """bf16/fp16 CUDA operands multiplied with an fp32 output (``torch.mm(..., out_dtype=torch.float32)``)."""
+    if t.device.type != "cuda" or t.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    key = str(t.dtype)
+    if key not in _MM_OUT_DTYPE_OK:
+        try:
+            a = torch.zeros(2, 2, device=t.device, dtype=t.dtype)
+            _MM_OUT_DTYPE_OK[key] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError):
+            _MM_OUT_DTYPE_OK[key] = False
+    return _MM_OUT_DTYPE_OK[key]
+
+
+def _chunk_logits(h, w, b, inv_t, out):
+    """``(h @ w.T + b) * inv_t`` in fp32 with fp32 accumulation; written into ``out`` (n, w_rows) when possible.
+
+    ``h`` and ``w`` are fp32 here unless both are bf16/fp16 on CUDA with fp32-output matmuls (the caller upcasts).
+    """
+    if h.dtype == torch.float32 and w.dtype == torch.float32:
+        if b is None:
+            torch.mm(h, w.t(), out=out)
+            if inv_t != 1.0:
+                out.mul_(inv_t)
+        else:
+            torch.addmm(b, h, w.t(), beta=inv_t, alpha=inv_t, out=out)
+        return out
+    z = torch.mm(h, w.t(), out_dtype=torch.float32)
+    if b is not None:
+        z.add_(b)
+    if inv_t != 1.0:
+        z.mul_(inv_t)
+    return z
+
+
+def _mm_acc(acc, a, b, alpha):
+    """``acc += alpha * a @ b`` with fp32 ``acc``; ``a`` fp32, ``b`` fp32 or (fast CUDA path) bf16/fp16."""
+    if b.dtype == torch.float32:
+        acc.addmm_(a, b, alpha=alpha)
+    else:
+        acc.add_(torch.mm(a.to(b.dtype), b, out_dtype=torch.float32), alpha=alpha)
+
+
+def default_chunk_size(n_tokens: int, vocab: int, device: torch.device | str = "cpu") -> int:
+    budget = CHUNK_BYTES_CUDA if torch.device(device).type == "cuda" else CHUNK_BYTES_CPU
+    return max(1, min(max(n_tokens, 1), budget // (4 * max(vocab, 1))))
+
+
+def _vocab_tile(vocab: int, d: int, fast: bool, full_precision: bool) -> int:
+    if full_precision or fast:
+        return vocab
+    return max(1, min(vocab, UPCAST_TILE_BYTES // (4 * max(d, 1))))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-token formulas shared by both backends
+# --------------------------------------------------------------------------------------------------------------------
+def _finalize(stats: dict[str, torch.Tensor], k: int):
+    """Outputs and saved statistics from the raw row sums (all (n,) fp32). See docs/kernel.md, "Formulas"."""
+    y_t = stats["y_t"]
+    e_t = torch.exp(-y_t)
+    em1 = torch.expm1(-y_t)  # e_t - 1, exact near the max
+    s_rest = stats["s_rest"]
+    # log(sum e) = log1p((e_t - 1) + s_rest): exact when the target is the max (p_t -> 1)
+    logs = torch.log1p(em1 + s_rest)
+    ybar = (stats["sy_rest"] + e_t * y_t) / (e_t + s_rest)
+    entropy = logs + ybar
+    log_probs = -y_t - logs
+    saved = {"m": stats["m"], "neg_logs": -logs, "ybar": ybar, "log_probs": log_probs}
+    if k > 0:
+        kept_t = stats["kept_t"]
+        sc_rest = stats["sc_rest"]
+        logs_c = torch.where(kept_t > 0, torch.log1p(em1 + sc_rest), torch.log(sc_rest))
+        ybar_c = (stats["syc_rest"] + kept_t * e_t * y_t) / (kept_t * e_t + sc_rest)
+        clamped = logs_c + ybar_c
+        saved.update(thr=stats["thr"], logs_c=logs_c, ybar_c=ybar_c)
+    else:
+        clamped = entropy.clone()
+    return log_probs, entropy, clamped, saved
+
+
+def _backward_coefficients(saved, g_lp, g_h, g_c, k):
+    """Per-token coefficients of dL/dz = p * (a0 + b0 y) [+ kept * p * (da + db y)] (+ the target entry)."""
+    if k == 0 and g_c is not None:  # clamped entropy is the entropy
+        g_h = g_c if g_h is None else g_h + g_c
+        g_c = None
+    ybar = saved["ybar"]
+    a0 = torch.zeros_like(ybar)
+    coef = {"m": saved["m"], "neg_logs": saved["neg_logs"]}
+    if g_lp is not None:
+        coef["g_lp"] = g_lp
+        coef["om"] = -torch.expm1(saved["log_probs"])  # 1 - p_target without cancellation
+        a0 = a0 - g_lp
+    if g_h is not None:
+        coef["g_h"] = g_h
+        coef["ybar"] = ybar
+        coef["b0"] = g_h
+        a0 = a0 - g_h * ybar
+    if g_c is not None:
+        # pi~_a = p_a * s / s_c: r = exp(log s - log s_c)
+        g_cr = g_c * torch.exp(-saved["neg_logs"] - saved["logs_c"])
+        coef.update(thr=saved["thr"], g_cr=g_cr, ybar_c=saved["ybar_c"], da=-g_cr * saved["ybar_c"], db=g_cr)
+    coef["a0"] = a0
+    return {name: t.contiguous() for name, t in coef.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# autograd.Function
+# --------------------------------------------------------------------------------------------------------------------
+class ChunkedLogProbEntropyFunction(torch.autograd.Function):
+    """``apply(hidden, weight, bias, targets, temperature, k, chunk_size, backend)`` -> (log_probs, entropy, clamped).
+
+    ``k`` is the number of dropped entries per row; ``backend`` is ``"torch"`` or ``"triton"`` (already resolved).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, k, chunk_size, backend):
+        ctx.set_materialize_grads(False)
+        device = hidden.device
+        n_tokens, d = hidden.shape
+        vocab = weight.shape[0]
+        inv_t = 1.0 / float(temperature)
+        ops = _triton_ops() if backend == "triton" else _torch_ops
+        full_precision = hidden.dtype == torch.float32 and weight.dtype == torch.float32
+        fast = not full_precision and _fast_half(weight) and hidden.dtype == weight.dtype
+        tile = _vocab_tile(vocab, d, fast, full_precision)
+
+        chunks: dict[str, list[torch.Tensor]] = {}
+        with torch.autocast(device.type, enabled=False):
+            bias32 = bias.float() if bias is not None else None
+            zbuf = torch.empty(min(chunk_size, n_tokens) * vocab, device=device, dtype=torch.float32)
+            work = torch.empty(2 * zbuf.numel(), device=device, dtype=torch.float32) if backend == "torch" else None
+            for r0 in range(0, n_tokens, chunk_size):
+                r1 = min(r0 + chunk_size, n_tokens)
+                n = r1 - r0
+                h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
+                z = zbuf[: n * vocab].view(n, vocab)
+                for v0 in range(0, vocab, tile):
+                    v1 = min(v0 + tile, vocab)
+                    w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
+                    b = bias32[v0:v1] if bias32 is not None else None
+                    if v0 == 0 and v1 == vocab:
+                        z = _chunk_logits(h, w, b, inv_t, z)
+                    else:  # upcast tiles: same tile boundaries as the backward, so the same rounding
+                        z[:, v0:v1] = _chunk_logits(h, w, b, inv_t, torch.empty(n, v1 - v0, device=device))
+                for name, value in ops.forward_stats(z, targets[r0:r1], k, work).items():
+                    chunks.setdefault(name, []).append(value)
+            names = ("m", "y_t", "s_rest", "sy_rest") + (("thr", "kept_t", "sc_rest", "syc_rest") if k > 0 else ())
+            stats_all = {
+                name: torch.cat(chunks[name]) if name in chunks else torch.empty(0, device=device) for name in names
+            }
+            log_probs, entropy, clamped, saved = _finalize(stats_all, k)
+
+        ctx.k = k
+        ctx.inv_t = inv_t
+        ctx.chunk_size = chunk_size
+        ctx.backend = backend
+        ctx.tile = tile
+        ctx.fast = fast
+        ctx.full_precision = full_precision
+        ctx.saved_names = tuple(saved)
+        ctx.save_for_backward(hidden, weight, bias, targets, *saved.values())
+        return log_probs, entropy, clamped
+
+    @staticmethod
+    def backward(ctx, g_lp, g_h, g_c):
+        hidden, weight, bias, targets, *saved_values = ctx.saved_tensors
+        saved = dict(zip(ctx.saved_names, saved_values))
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if (g_lp is None and g_h is None and g_c is None) or not (need_h or need_w or need_b):
+            return (None,) * 8
+        k = ctx.k
+        g_lp = g_lp.float() if g_lp is not None else None
+        g_h = g_h.float() if g_h is not None else None
+        g_c = g_c.float() if g_c is not None else None
+        device = hidden.device
+        n_tokens, d = hidden.shape
+        vocab = weight.shape[0]
+        inv_t, chunk_size, tile = ctx.inv_t, ctx.chunk_size, ctx.tile
+        fast, full_precision = ctx.fast, ctx.full_precision
+        ops = _triton_ops() if ctx.backend == "triton" else _torch_ops
+
+        with torch.autocast(device.type, enabled=False):
+            coef_all = _backward_coefficients(saved, g_lp, g_h, g_c, k)
+            grad_h = torch.zeros(hidden.shape, device=device, dtype=torch.float32) if need_h else None
+            grad_w = torch.zeros(weight.shape, device=device, dtype=torch.float32) if need_w else None
+            grad_b = torch.zeros(vocab, device=device, dtype=torch.float32) if need_b else None
+            bias32 = bias.float() if bias is not None else None
+            rows_max = min(chunk_size, n_tokens)
+            zbuf = torch.empty(rows_max * min(tile, vocab), device=device, dtype=torch.float32)
+            work = (
+                torch.empty(3 * zbuf.numel(), device=device, dtype=torch.float32) if ctx.backend == "torch" else None
+            )
+            for r0 in range(0, n_tokens, chunk_size):
+                r1 = min(r0 + chunk_size, n_tokens)
+                n = r1 - r0
+                h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
+                coef = {name: t[r0:r1] for name, t in coef_all.items()}
+                tgt = targets[r0:r1]
+                for v0 in range(0, vocab, tile):
+                    v1 = min(v0 + tile, vocab)
+                    width = v1 - v0
+                    w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
+                    b = bias32[v0:v1] if bias32 is not None else None
+                    z = _chunk_logits(h, w, b, inv_t, zbuf[: n * width].view(n, width))
+                    g = ops.grad_tile(z, v0, tgt, coef, work)
+                    if grad_h is not None:
+                        _mm_acc(grad_h[r0:r1], g, w, inv_t)
+                    if grad_w is not None:
+                        _mm_acc(grad_w[v0:v1], g.t(), h, inv_t)
+                    if grad_b is not None:
+                        grad_b[v0:v1].add_(g.sum(0), alpha=inv_t)
+
+        return (
+            grad_h.to(hidden.dtype) if grad_h is not None else None,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------------------------------
+def chunked_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    clamp_fraction: float = 0.0,
+    chunk_size: int | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-prob of ``targets``, full entropy and clamped entropy of ``softmax((hidden @ weight.T + bias) / T)``.
+
+    Args:
+        hidden: ``(N, d)`` final hidden states of the scored positions (any float dtype).
+        weight: ``(V, d)`` LM-head weight.
+        targets: ``(N,)`` token ids in ``[0, V)`` (any integer dtype).
+        bias: optional ``(V,)`` LM-head bias.
+        temperature: sampling temperature ``T > 0``; logits are divided by it.
+        clamp_fraction: ``p`` in ``[0, 1)``; the clamped entropy drops the ``floor(p * V)`` smallest logits per row.
+        chunk_size: tokens per chunk (default: ~64 MiB of fp32 logits per chunk on CPU, ~256 MiB on CUDA).
+        backend: ``"auto"`` (Triton on CUDA tensors when importable, PyTorch otherwise), ``"torch"`` or ``"triton"``.
+
+    Returns:
+        ``(log_probs, entropy, clamped_entropy)``, each ``(N,)`` fp32, differentiable w.r.t. ``hidden``, ``weight``
+        and ``bias`` whichever of them enter the loss. With ``clamp_fraction == 0`` the clamped entropy equals the
+        entropy (same numbers, its gradient is the entropy's).
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        raise ValueError(f"hidden must be a 2-D tensor (N, d), got shape {tuple(getattr(hidden, 'shape', ()))}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D tensor (V, d), got shape {tuple(getattr(weight, 'shape', ()))}")
+    n_tokens, d = hidden.shape
+    vocab = weight.shape[0]
+    if weight.shape[1] != d:
+        raise ValueError(
+            f"weight has hidden size {weight.shape[1]} but hidden has {d}: weight must be (V, d) = (V, {d}), "
+            f"got {tuple(weight.shape)}"
+        )
+    if vocab < 1:
+        raise ValueError("weight must have at least one row (V >= 1)")
+    if not hidden.is_floating_point() or not weight.is_floating_point():
+        raise ValueError(f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}")
+    if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != (n_tokens,):
+        raise ValueError(
+            f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}"
+        )
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (vocab,):
+            raise ValueError(f"bias must have shape (V,) = ({vocab},), got {tuple(getattr(bias, 'shape', ()))}")
+        if bias.device != hidden.device:
+            raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
+    if weight.device != hidden.device or targets.device != hidden.device:
+        raise ValueError(
+            f"hidden, weight and targets must be on the same device, got {hidden.device}, {weight.device}, "
+            f"{targets.device}"
+        )
+    clamp_fraction = float(clamp_fraction)
+    if not 0.0 <= clamp_fraction < 1.0:  # also rejects NaN
+        raise ValueError(f"clamp_fraction must be in [0, 1), got {clamp_fraction}")
+    temperature = float(temperature)
+    if not (temperature > 0.0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {_BACKENDS}")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(n_tokens, vocab, hidden.device)
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
+    targets = targets.long()
+    if n_tokens and bool(((targets < 0) | (targets >= vocab)).any()):
+        bad = targets[(targets < 0) | (targets >= vocab)][0].item()
+        raise ValueError(f"target ids must be in [0, V) = [0, {vocab}), got {bad}")
+    resolved = _resolve_backend(backend, hidden.device)
+    k = int(math.floor(clamp_fraction * vocab))
+    return ChunkedLogProbEntropyFunction.apply(
+        hidden.contiguous(), weight.contiguous(), bias, targets.contiguous(), temperature, k, chunk_size, resolved
+    )
