@@ -1,0 +1,176 @@
+"""ADAPO: adaptive asymmetric clipping on DAPO (seed 002, §5.2).
+
+DAPO clips the importance ratio asymmetrically, ``clip(r, 1 − ε_low, 1 + ε_high)`` with ``ε_high > ε_low``: a larger
+``ε_high`` lets low-probability tokens with positive advantage grow further, which raises entropy (clip-high preserves
+entropy, seed 002 §3; seed 003). ADAPO keeps ``ε_low`` fixed and moves ``ε_high`` once per optimizer step so that the
+mean full entropy tracks a target: up by ``δ`` when the entropy is below the target, down by ``δ`` when above, clamped
+to ``[ε_high_min, ε_high_max]``. The target is the mean entropy of the first optimizer step unless given.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .base import EntropyGRPOConfig, EntropyGRPOTrainer
+from .controllers import Controller
+from .repo import _is_real, reject_trl_entropy_bonus, validate_entropy_target
+
+
+@dataclass
+class ADAPOConfig(EntropyGRPOConfig):
+    r"""
+    Configuration for [`ADAPOTrainer`]: [`EntropyGRPOConfig`] with the DAPO loss and an adaptive `epsilon_high`.
+
+    Parameters:
+        epsilon_high (`float`, *optional*, defaults to `0.28`):
+            Initial ε_high (DAPO's value, paper). `epsilon` (ε_low, default 0.2) stays fixed.
+        adapo_epsilon_high_step (`float`, *optional*, defaults to `0.01`):
+            Controller step δ of ε_high per optimizer step (ours).
+        adapo_epsilon_high_min (`float`, *optional*, defaults to `0.1`):
+            Lower bound of ε_high (ours).
+        adapo_epsilon_high_max (`float`, *optional*, defaults to `0.5`):
+            Upper bound of ε_high (ours).
+        entropy_target (`float` or `None`, *optional*, defaults to `None`):
+            Target mean full entropy H* (nats per token). `None` measures it on the first optimizer step (paper).
+            This replaces the meaning `GRPOConfig.entropy_target` has for TRL's adaptive entropy bonus, which ADAPO
+            rejects.
+    """
+
+    supported_loss_types: ClassVar[tuple[str, ...]] = ("dapo",)
+
+    epsilon_high: float | None = field(
+        default=0.28,
+        metadata={
+            "help": "Initial upper clip epsilon_high (DAPO's 0.28, paper); ADAPO moves it each optimizer step. "
+            "`epsilon` (epsilon_low) stays fixed."
+        },
+    )
+    adapo_epsilon_high_step: float = field(
+        default=0.01,
+        metadata={"help": "Step delta of epsilon_high per optimizer step (ours: the paper gives no value)."},
+    )
+    adapo_epsilon_high_min: float = field(
+        default=0.1,
+        metadata={"help": "Lower bound of epsilon_high (ours: the paper's range did not survive extraction)."},
+    )
+    adapo_epsilon_high_max: float = field(
+        default=0.5,
+        metadata={"help": "Upper bound of epsilon_high (ours: the paper's range did not survive extraction)."},
+    )
+    entropy_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "ADAPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the "
+            "first optimizer step. Not TRL's adaptive-entropy-bonus threshold: TRL's bonus is rejected with ADAPO."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        reject_trl_entropy_bonus(self, "ADAPO")
+        if not (_is_real(self.adapo_epsilon_high_step) and self.adapo_epsilon_high_step > 0):
+            raise ValueError(
+                f"adapo_epsilon_high_step must be a positive finite number, got {self.adapo_epsilon_high_step!r}."
+            )
+        if not (_is_real(self.adapo_epsilon_high_min) and self.adapo_epsilon_high_min >= 0):
+            raise ValueError(
+                f"adapo_epsilon_high_min must be a non-negative finite number, got {self.adapo_epsilon_high_min!r}."
+            )
+        if not _is_real(self.adapo_epsilon_high_max) or self.adapo_epsilon_high_max < self.adapo_epsilon_high_min:
+            raise ValueError(
+                f"adapo_epsilon_high_max must be a finite number >= adapo_epsilon_high_min="
+                f"{self.adapo_epsilon_high_min!r}, got {self.adapo_epsilon_high_max!r}."
+            )
+        if not _is_real(self.epsilon_high) or not (
+            self.adapo_epsilon_high_min <= self.epsilon_high <= self.adapo_epsilon_high_max
+        ):
+            raise ValueError(
+                f"epsilon_high (ADAPO's initial epsilon_high) must lie in [adapo_epsilon_high_min, "
+                f"adapo_epsilon_high_max] = [{self.adapo_epsilon_high_min!r}, {self.adapo_epsilon_high_max!r}], "
+                f"got {self.epsilon_high!r}."
+            )
+        if not (_is_real(self.epsilon) and 0 <= self.epsilon < 1):
+            raise ValueError(f"epsilon (ADAPO's fixed epsilon_low) must lie in [0, 1), got {self.epsilon!r}.")
+        validate_entropy_target(self.entropy_target)
+
+
+def adapo_controller_step(
+    epsilon_high: float, mean_entropy: float, target: float, delta: float, minimum: float, maximum: float
+) -> float:
+    """One step of ADAPO's controller (seed 002, §5.2).
+
+    ``ε_high + δ`` if the mean entropy is below the target (allow more entropy increase), ``ε_high − δ`` if above
+    (limit it), unchanged if equal; then clamped to ``[minimum, maximum]``.
+    """
+    if mean_entropy < target:
+        epsilon_high = epsilon_high + delta
+    elif mean_entropy > target:
+        epsilon_high = epsilon_high - delta
+    return min(max(epsilon_high, minimum), maximum)
+
+
+class ADAPOController(Controller):
+    """Moves ε_high so that the mean full entropy tracks the target (measured on the first optimizer step if None)."""
+
+    name = "adapo"
+    statistic = "entropy"
+
+    def __init__(
+        self, epsilon_high: float, delta: float, minimum: float, maximum: float, entropy_target: float | None = None
+    ):
+        self.epsilon_high = float(epsilon_high)
+        self.delta = float(delta)
+        self.minimum = float(minimum)
+        self.maximum = float(maximum)
+        self.entropy_target = None if entropy_target is None else float(entropy_target)
+        self.last_step = 0  # the last optimizer step that updated the controller
+
+    @property
+    def value(self) -> float:
+        return self.epsilon_high
+
+    def update(self, mean_statistic: float, step: int) -> None:
+        if self.entropy_target is None:  # the first optimizer step measures the target (ε_high stays)
+            self.entropy_target = float(mean_statistic)
+        self.epsilon_high = adapo_controller_step(
+            self.epsilon_high, mean_statistic, self.entropy_target, self.delta, self.minimum, self.maximum
+        )
+        self.last_step = int(step)
+
+    def state_dict(self) -> dict:
+        return {"epsilon_high": self.epsilon_high, "entropy_target": self.entropy_target, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epsilon_high = float(state["epsilon_high"])
+        target = state["entropy_target"]
+        self.entropy_target = None if target is None else float(target)
+        self.last_step = int(state["last_step"])
+
+    def metrics(self) -> dict[str, float]:
+        target = math.nan if self.entropy_target is None else self.entropy_target
+        return {"adapo/epsilon_high": self.epsilon_high, "adapo/entropy_target": target}
+
+
+class ADAPOTrainer(EntropyGRPOTrainer):
+    """DAPO (asymmetric clip, token-level loss normalisation) with ε_high moved by ADAPO's entropy controller.
+
+    Takes the same arguments as `trl.GRPOTrainer`; `args` must be an [`ADAPOConfig`].
+    """
+
+    config_class = ADAPOConfig
+    _tag_names = ["trl", "grpo", "trl-entropy", "adapo"]
+
+    def build_controllers(self) -> list[Controller]:
+        args = self.args
+        return [
+            ADAPOController(
+                args.epsilon_high,
+                args.adapo_epsilon_high_step,
+                args.adapo_epsilon_high_min,
+                args.adapo_epsilon_high_max,
+                args.entropy_target,
+            )
+        ]
+
+    def clip_range(self) -> tuple[float, float]:
+        return self.epsilon_low, self.controllers["adapo"].value
