@@ -1,0 +1,491 @@
+"""AEnt: config, the coefficient controller, the loss and gradients against a float64 reference, accumulation,
+checkpoints and an end-to-end run on the toy task."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from conftest import make_grpo_batch
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_entropy.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
+from trl_entropy.base import CONTROLLER_STATE_FILE
+from trl_entropy.toy import build_toy_dataset, toy_reward
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# References written out from SPEC.md
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def reference_step(coef, entropy, low, high, lr, coef_min, coef_max):
+    """SPEC: rise by α(H_low − H̄) below the band, fall by α(H̄ − H_high) above it, hold inside; then the box."""
+    if entropy < low:
+        coef = coef + lr * (low - entropy)
+    elif entropy > high:
+        coef = coef - lr * (entropy - high)
+    return min(max(coef, coef_min), coef_max)
+
+
+def reference_clamped_entropy(logits, clamp_fraction):
+    """H^c per position in the logits' dtype: drop the floor(p·V) smallest logits, H^c = lse_kept(z) − Σ_kept π̃ z."""
+    vocab = logits.size(-1)
+    dropped = math.floor(clamp_fraction * vocab)
+    kept_index = logits.detach().topk(vocab - dropped, dim=-1).indices  # the V − k largest logits
+    kept = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, kept_index, True)
+    kept_logits = logits.masked_fill(~kept, float("-inf"))
+    renormalised = torch.softmax(kept_logits, dim=-1)  # exactly 0 on the dropped entries
+    return torch.logsumexp(kept_logits, dim=-1) - (renormalised * logits).sum(-1)
+
+
+def reference_scores(model64, inputs, temperature, clamp_fraction):
+    """(B, T) float64 clamped entropy of the completion positions, from the full logits of a float64 model."""
+    prompt_len = inputs["prompt_ids"].size(1)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logits = model64(input_ids=input_ids, attention_mask=attention_mask).logits[:, prompt_len - 1 : -1]
+    return reference_clamped_entropy(logits / temperature, clamp_fraction)
+
+
+def token_mean(values, mask):
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def make_config(tmp_path, **options):
+    return AEntConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **options)
+
+
+def test_config_defaults_are_the_reference_values(tmp_path):
+    config = make_config(tmp_path)
+    assert config.aent_clamp_fraction == 0.3
+    assert config.aent_coef_init == 2e-4
+    assert config.aent_entropy_low == 0.05
+    assert config.aent_entropy_high == 0.23
+    assert config.aent_coef_lr == 1e-3
+    assert config.aent_coef_min == 1e-5
+    assert config.aent_coef_max == 3e-3
+    assert config.aent_warmup_steps == 0
+    assert config.aent_adaptive is True
+    assert config.entropy_coef == 0.0 and config.use_adaptive_entropy is False
+    for name, spec in AEntConfig.__dataclass_fields__.items():
+        if name.startswith("aent_"):
+            assert spec.metadata.get("help"), f"{name} has no help"
+
+
+@pytest.mark.parametrize(
+    "options, field_name",
+    [
+        ({"aent_clamp_fraction": -0.1}, "aent_clamp_fraction"),
+        ({"aent_clamp_fraction": 1.0}, "aent_clamp_fraction"),
+        ({"aent_clamp_fraction": 1.5}, "aent_clamp_fraction"),
+        ({"aent_clamp_fraction": float("nan")}, "aent_clamp_fraction"),
+        ({"aent_entropy_low": 0.3, "aent_entropy_high": 0.2}, "aent_entropy_low"),
+        ({"aent_entropy_low": -0.01}, "aent_entropy_low"),
+        ({"aent_entropy_low": -0.5, "aent_entropy_high": -0.1}, "aent_entropy_low"),
+        ({"aent_entropy_high": float("inf")}, "aent_entropy_high"),
+        ({"aent_coef_min": 1e-2, "aent_coef_max": 1e-3, "aent_coef_init": 5e-3}, "aent_coef_min"),
+        ({"aent_coef_min": -1e-5}, "aent_coef_min"),
+        ({"aent_coef_lr": -1e-3}, "aent_coef_lr"),
+        ({"aent_warmup_steps": -1}, "aent_warmup_steps"),
+        ({"aent_warmup_steps": 2.5}, "aent_warmup_steps"),
+        ({"aent_coef_init": 1e-2}, "aent_coef_init"),
+        ({"aent_coef_init": 1e-6}, "aent_coef_init"),
+        ({"aent_coef_init": -1e-3, "aent_adaptive": False}, "aent_coef_init"),
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
+    ],
+    ids=lambda value: ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
+)
+def test_config_rejects_bad_values(tmp_path, options, field_name):
+    with pytest.raises(ValueError, match=field_name):
+        make_config(tmp_path, **options)
+
+
+def test_config_two_entropy_bonuses_message(tmp_path):
+    with pytest.raises(ValueError, match="second entropy bonus"):
+        make_config(tmp_path, entropy_coef=0.01)
+
+
+def test_config_accepts_edge_values(tmp_path):
+    # p = 0 (full entropy), an empty band, a degenerate box, α = 0; λ_0 outside the box with a fixed coefficient.
+    make_config(tmp_path, aent_clamp_fraction=0.0, aent_entropy_low=0.1, aent_entropy_high=0.1, aent_coef_lr=0.0)
+    make_config(tmp_path, aent_coef_min=1e-3, aent_coef_max=1e-3, aent_coef_init=1e-3)
+    make_config(tmp_path, aent_adaptive=False, aent_coef_init=0.05)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The controller
+# ---------------------------------------------------------------------------------------------------------------------
+
+BAND = dict(low=0.05, high=0.23, lr=1e-3, coef_min=1e-5, coef_max=3e-3)
+
+
+@pytest.mark.parametrize(
+    "coef, entropy, expected",
+    [
+        (1e-3, 0.01, 1e-3 + 1e-3 * 0.04),  # below the band: rises by α(H_low − H̄)
+        (1e-3, 0.5, 1e-3 - 1e-3 * 0.27),  # above: falls by α(H̄ − H_high)
+        (1e-3, 0.1, 1e-3),  # inside: holds
+        (1e-3, 0.05, 1e-3),  # on the edges: holds
+        (1e-3, 0.23, 1e-3),
+        (1e-3, 3.0, 1e-5),  # falls below λ_min: clipped to it
+        (2.99e-3, 0.0, 3e-3),  # rises above λ_max: clipped to it
+    ],
+)
+def test_coefficient_step(coef, entropy, expected):
+    assert aent_coefficient_step(coef, entropy, **BAND) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert aent_coefficient_step(coef, entropy, **BAND) == pytest.approx(reference_step(coef, entropy, **BAND))
+
+
+def test_controller_follows_the_formula_on_a_scripted_sequence():
+    entropies = [0.01, 0.5, 0.02, 0.0, 0.1, 0.6, 2.0, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.04, 0.15, 0.3]
+    warmup, options = 2, dict(low=0.05, high=0.23, lr=2e-2, coef_min=1e-4, coef_max=4e-3)
+    controller = AEntController(coef=2e-3, warmup_steps=warmup, **options)
+    assert controller.name == "aent" and controller.statistic == "clamped_entropy"
+    expected, trajectory, expected_trajectory = 2e-3, [], []
+    for step, entropy in enumerate(entropies, start=1):
+        before = controller.value
+        controller.update(entropy, step)
+        if step > warmup:
+            expected = reference_step(expected, entropy, **options)
+        trajectory.append(controller.value)
+        expected_trajectory.append(expected)
+        assert controller.metrics() == {"aent/coef": controller.value}
+        # Direction: held during warm-up and inside the band, else up below it / down above it unless at the box.
+        if step <= warmup or options["low"] <= entropy <= options["high"]:
+            assert controller.value == before
+        elif entropy < options["low"]:
+            assert controller.value > before or controller.value == options["coef_max"]
+        else:
+            assert controller.value < before or controller.value == options["coef_min"]
+        assert options["coef_min"] <= controller.value <= options["coef_max"]
+    assert trajectory == pytest.approx(expected_trajectory, rel=1e-12)
+    assert trajectory[:warmup] == [2e-3] * warmup
+    assert min(trajectory) == options["coef_min"] and max(trajectory) == options["coef_max"]  # both ends reached
+
+
+def test_controller_fixed_when_not_adaptive():
+    controller = AEntController(coef=0.05, adaptive=False, **BAND)
+    for step, entropy in enumerate([0.0, 5.0, 0.1], start=1):
+        controller.update(entropy, step)
+        assert controller.value == 0.05
+
+
+def test_controller_state_round_trip():
+    first = AEntController(coef=1e-3, **BAND)
+    for step, entropy in enumerate([0.01, 0.02, 0.4], start=1):
+        first.update(entropy, step)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = AEntController(coef=2e-4, **BAND)
+    second.load_state_dict(state)
+    assert second.value == first.value
+    first.update(0.0, 4)
+    second.update(0.0, 4)
+    assert second.value == first.value
+    with pytest.raises(KeyError):
+        second.load_state_dict({})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer's loss and gradients
+# ---------------------------------------------------------------------------------------------------------------------
+
+ACCUMULATION = 2
+TEMPERATURE = 0.7
+STRONG = dict(aent_coef_init=0.4, aent_coef_min=0.0, aent_coef_max=1.0, aent_coef_lr=0.05)  # a visible bonus
+
+
+def common_options(accumulation=ACCUMULATION):
+    return dict(
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        temperature=TEMPERATURE,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+    )
+
+
+def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=ACCUMULATION, **options):
+    args = config_class(output_dir=str(output_dir), **common_options(accumulation), **options)
+    trainer = trainer_class(
+        model=path,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8, seed=0),
+        processing_class=tokenizer,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = accumulation
+    return trainer
+
+
+def loss_and_gradients(trainer, inputs):
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "clamp_fraction, loss_type, beta", [(0.3, "grpo", 0.04), (0.5, "dapo", 0.0), (0.0, "bnpo", 0.0)]
+)
+def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch, clamp_fraction, loss_type, beta
+):
+    options = dict(loss_type=loss_type, beta=beta)
+    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    ours = build_trainer(
+        AEntTrainer,
+        AEntConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path / "ours",
+        aent_clamp_fraction=clamp_fraction,
+        **STRONG,
+        **options,
+    )
+    inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=11)
+    coef = ours.aent_coef
+    assert coef == STRONG["aent_coef_init"]
+
+    # One kernel call with clamp fraction p per loss (the clamped entropy comes out of the log-prob pass), and the
+    # LM head's forward (the full logits) never runs.
+    import trl_entropy.head
+
+    kernel_calls, head_calls = [], []
+    kernel = trl_entropy.head.chunked_logprob_entropy
+
+    def spy(*args, **kwargs):
+        kernel_calls.append(kwargs["clamp_fraction"])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(trl_entropy.head, "chunked_logprob_entropy", spy)
+    hook = ours.model.get_output_embeddings().register_forward_hook(lambda *args: head_calls.append(1))
+    our_loss, our_grads = loss_and_gradients(ours, inputs)  # the last micro-batch of a window: λ moves afterwards
+    hook.remove()
+    assert kernel_calls == [clamp_fraction] and head_calls == []
+
+    trl_loss, trl_grads = loss_and_gradients(trl_trainer, inputs)
+
+    # The bonus term in float64 from the full logits of a float64 copy of the same weights, and its gradients.
+    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    model64.train()
+    clamped64 = reference_scores(model64, inputs, TEMPERATURE, clamp_fraction)
+    mask = inputs["completion_mask"]
+    mean_clamped = token_mean(clamped64, mask)
+    bonus = coef * mean_clamped / ACCUMULATION
+    bonus.backward()
+    bonus_grads = {name: p.grad for name, p in model64.named_parameters() if p.grad is not None}
+
+    expected_loss = trl_loss.double() - bonus.detach()
+    assert abs(bonus.item()) > 1e3 * 1e-5 * abs(expected_loss.item()), "the bonus is too small to be tested"
+    torch.testing.assert_close(our_loss.double(), expected_loss, rtol=1e-5, atol=1e-7)
+    assert set(our_grads) == set(trl_grads) == set(bonus_grads)
+    for name in trl_grads:
+        expected = trl_grads[name].double() - bonus_grads[name]
+        torch.testing.assert_close(our_grads[name].double(), expected, rtol=1e-4, atol=1e-6, msg=name)
+    # The bonus's share of the gradient is far above the tolerance: leaving it out (or using another λ) would fail.
+    bonus_norm = torch.cat([g.flatten() for g in bonus_grads.values()]).norm()
+    trl_norm = torch.cat([g.flatten() for g in trl_grads.values()]).double().norm()
+    assert bonus_norm > 0.01 * trl_norm  # 100 times the relative tolerance
+
+    # The loss used λ_0; the window completed, so λ moved by the formula with the token-mean statistic.
+    assert ours.aent_coef == pytest.approx(
+        reference_step(
+            coef,
+            mean_clamped.item(),
+            ours.args.aent_entropy_low,
+            ours.args.aent_entropy_high,
+            ours.args.aent_coef_lr,
+            ours.args.aent_coef_min,
+            ours.args.aent_coef_max,
+        ),
+        rel=1e-6,
+    )
+    assert ours.aent_coef != coef
+    metrics = ours._metrics["train"]
+    assert metrics["aent/coef"] == [ours.aent_coef]
+    if clamp_fraction > 0:
+        assert metrics["entropy/clamped"] == pytest.approx([mean_clamped.item()], rel=1e-5)
+    else:
+        assert "entropy/clamped" not in metrics
+
+
+def test_clamped_entropy_differs_from_full_entropy(toy_model_path, toy_tokenizer):
+    """The reference clamps: at p = 0.3 the clamped entropy is far from the full one on the toy model."""
+    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    inputs = make_grpo_batch(model64, len(toy_tokenizer), seed=11)
+    mask = inputs["completion_mask"]
+    with torch.no_grad():
+        clamped = token_mean(reference_scores(model64, inputs, TEMPERATURE, 0.3), mask)
+        full = token_mean(reference_scores(model64, inputs, TEMPERATURE, 0.0), mask)
+    assert abs(clamped - full) > 0.05
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The controller statistic spans the accumulation window
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def split_rows(inputs, rows):
+    batch = inputs["completion_ids"].size(0)
+    return {
+        key: value[list(rows)] if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == batch else value
+        for key, value in inputs.items()
+    }
+
+
+def test_accumulation_gives_the_same_coefficient_trajectory(warm_toy_policy_path, toy_tokenizer, tmp_path):
+    # The warm policy's entropy varies a lot from one context to another, so the micro-batch means differ.
+    toy_model_path = warm_toy_policy_path
+    options = dict(loss_type="grpo", aent_warmup_steps=1, **STRONG)
+    whole = build_trainer(
+        AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "a1", accumulation=1, **options
+    )
+    halves = build_trainer(
+        AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "a2", accumulation=2, **options
+    )
+    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    args = whole.args
+    band = (args.aent_entropy_low, args.aent_entropy_high, args.aent_coef_lr, args.aent_coef_min, args.aent_coef_max)
+    # make_grpo_batch masks rows 0..3 to 6, 3, 1 and 6 tokens: the micro-batches [0, 1] and [2, 3] hold 9 and 7.
+    micro_batches = ((0, 1), (2, 3))
+    expected = expected_mean_of_means = args.aent_coef_init
+    trajectories = {"whole": [], "halves": []}
+    for step, seed in enumerate((21, 22, 23), start=1):
+        inputs = make_grpo_batch(whole.model, len(toy_tokenizer), seed=seed)
+        whole.accelerator.gradient_state._set_sync_gradients(True)
+        whole.compute_loss(whole.model, dict(inputs))
+        whole.state.global_step += 1
+        for rows, sync in zip(micro_batches, (False, True), strict=True):
+            halves.accelerator.gradient_state._set_sync_gradients(sync)
+            halves.compute_loss(halves.model, split_rows(inputs, rows))
+        halves.state.global_step += 1
+        trajectories["whole"].append(whole.aent_coef)
+        trajectories["halves"].append(halves.aent_coef)
+
+        with torch.no_grad():
+            clamped = reference_scores(model64, inputs, TEMPERATURE, args.aent_clamp_fraction)
+        mask = inputs["completion_mask"]
+        assert [int(mask[list(rows)].sum()) for rows in micro_batches] == [9, 7]
+        mean = token_mean(clamped, mask).item()
+        mean_of_means = sum(token_mean(clamped[list(r)], mask[list(r)]).item() for r in micro_batches) / 2
+        if step > args.aent_warmup_steps:
+            expected = reference_step(expected, mean, *band)
+            expected_mean_of_means = reference_step(expected_mean_of_means, mean_of_means, *band)
+        assert trajectories["whole"][-1] == pytest.approx(expected, rel=1e-6)
+        assert trajectories["halves"][-1] == pytest.approx(expected, rel=1e-6)
+    assert trajectories["whole"][0] == args.aent_coef_init  # warm-up: held after step 1
+    assert trajectories["halves"] == pytest.approx(trajectories["whole"], rel=1e-6)
+    # A mean of per-micro-batch means would have given a visibly different trajectory.
+    assert abs(expected_mean_of_means - expected) > 100 * 1e-6 * abs(expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end: .train() on the toy task, checkpoint and resume
+# ---------------------------------------------------------------------------------------------------------------------
+
+# A band above log V: the clamped entropy is always below it, so λ rises at every step (a visible trajectory).
+E2E = dict(
+    aent_entropy_low=10.0,
+    aent_entropy_high=10.0,
+    aent_coef_init=1e-3,
+    aent_coef_lr=1e-2,
+    aent_coef_min=0.0,
+    aent_coef_max=1.0,
+)
+
+
+def e2e_config(output_dir, max_steps):
+    return AEntConfig(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-4,
+        logging_steps=1,
+        save_steps=2,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        **E2E,
+    )
+
+
+def e2e_trainer(path, output_dir, max_steps):
+    from transformers import PreTrainedTokenizerFast
+
+    return AEntTrainer(
+        model=path,
+        reward_funcs=toy_reward,
+        args=e2e_config(output_dir, max_steps),
+        train_dataset=build_toy_dataset(64, seed=0),
+        processing_class=PreTrainedTokenizerFast.from_pretrained(path),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(warm_toy_policy_path, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("aent_e2e")
+    trainer = e2e_trainer(warm_toy_policy_path, output_dir, max_steps=2)
+    trainer.train()
+    return trainer, output_dir
+
+
+def test_train_logs_aent_metrics(trained):
+    trainer, _ = trained
+    logs = [entry for entry in trainer.state.log_history if "aent/coef" in entry]
+    assert [entry["step"] for entry in logs] == [1, 2]
+    vocab = trainer.model.config.vocab_size
+    kept = vocab - math.floor(trainer.args.aent_clamp_fraction * vocab)
+    coefs = [entry["aent/coef"] for entry in logs]
+    for entry in logs:
+        assert 0.0 < entry["entropy/clamped"] <= math.log(kept) + 1e-5
+        assert 0.0 < entry["entropy"] <= math.log(vocab) + 1e-5
+        assert E2E["aent_coef_min"] <= entry["aent/coef"] <= E2E["aent_coef_max"]
+    # Below the band at every step: λ rises by α(H_low − H̄) ≥ α(10 − log V) each step.
+    rise = E2E["aent_coef_lr"] * (E2E["aent_entropy_low"] - math.log(vocab))
+    assert coefs[0] >= E2E["aent_coef_init"] + rise and coefs[1] >= coefs[0] + rise
+    assert coefs[-1] == trainer.aent_coef
+
+
+def test_coefficient_survives_save_and_resume(trained, warm_toy_policy_path):
+    first, output_dir = trained
+    saved = first.aent_coef
+    checkpoint = os.path.join(output_dir, "checkpoint-2")
+    with open(os.path.join(checkpoint, CONTROLLER_STATE_FILE)) as file:
+        assert json.load(file) == {"aent": {"coef": saved}}
+    assert saved != E2E["aent_coef_init"]
+
+    second = e2e_trainer(warm_toy_policy_path, output_dir, max_steps=3)
+    controller = second.controllers["aent"]
+    assert controller.value == E2E["aent_coef_init"]
+    seen, update = [], controller.update
+
+    def spy(mean, step):
+        seen.append((controller.value, mean, step))
+        update(mean, step)
+
+    controller.update = spy
+    second.train(resume_from_checkpoint=checkpoint)
+    assert len(seen) == 1
+    before, mean, step = seen[0]
+    assert step == 3 and before == saved  # restored exactly, not restarted from λ_0
+    assert second.aent_coef == pytest.approx(
+        reference_step(before, mean, 10.0, 10.0, E2E["aent_coef_lr"], 0.0, 1.0), rel=1e-12
+    )

@@ -1,0 +1,289 @@
+"""AEnt: a clamped-entropy bonus with an adaptive coefficient (seed 000, "On Entropy Control in LLM-RL Algorithms").
+
+The loss of each micro-batch is
+
+    L = L_GRPO − λ · (Σ_t m_t H^c_t / Σ_t m_t)
+
+where ``H^c_t`` is the entropy of the policy renormalised over the tokens left after dropping the ``floor(p·V)``
+smallest logits (the clamped entropy, computed by the fused kernel in the same pass as the log-probs), and ``λ``
+moves after every optimizer step (paper eq. 4.1, the reference AReaL recipe ``recipe/AEnt``):
+
+    λ ← clip(λ − α · (min(0, H̄ − H_low) + max(0, H̄ − H_high)), λ_min, λ_max)
+
+with ``H̄`` the step's token-mean clamped entropy over the accumulation window and all ranks. ``λ`` rises while
+``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
+from .controllers import Controller
+from .diagnostics import masked_mean
+
+
+__all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]
+
+
+def aent_coefficient_step(
+    coef: float,
+    mean_clamped_entropy: float,
+    low: float,
+    high: float,
+    lr: float,
+    coef_min: float,
+    coef_max: float,
+) -> float:
+    """One step of AEnt's coefficient controller (paper eq. 4.1).
+
+    ``λ − lr · (min(0, H̄ − low) + max(0, H̄ − high))``, then clipped to ``[coef_min, coef_max]``: the coefficient
+    rises by ``lr · (low − H̄)`` below the band, falls by ``lr · (H̄ − high)`` above it, and holds inside it.
+    """
+    direction = min(0.0, mean_clamped_entropy - low) + max(0.0, mean_clamped_entropy - high)
+    return min(max(coef - lr * direction, coef_min), coef_max)
+
+
+class AEntController(Controller):
+    """The AEnt coefficient ``λ``, moved by :func:`aent_coefficient_step` after each optimizer step.
+
+    The update applies only when ``adaptive`` is on and the optimizer step just completed is past ``warmup_steps``
+    (``step > warmup_steps``, 1-based). Its statistic is the mean clamped entropy, or the full entropy when the clamp
+    fraction is 0 (the two are then equal and the kernel computes only the latter).
+    """
+
+    name = "aent"
+    statistic = "clamped_entropy"
+
+    def __init__(
+        self,
+        coef: float,
+        low: float,
+        high: float,
+        lr: float,
+        coef_min: float,
+        coef_max: float,
+        warmup_steps: int = 0,
+        adaptive: bool = True,
+        statistic: str = "clamped_entropy",
+    ):
+        self.value = float(coef)
+        self.low, self.high, self.lr = low, high, lr
+        self.coef_min, self.coef_max = coef_min, coef_max
+        self.warmup_steps, self.adaptive = warmup_steps, adaptive
+        self.statistic = statistic
+
+    @classmethod
+    def from_config(cls, args: "AEntConfig") -> "AEntController":
+        return cls(
+            coef=args.aent_coef_init,
+            low=args.aent_entropy_low,
+            high=args.aent_entropy_high,
+            lr=args.aent_coef_lr,
+            coef_min=args.aent_coef_min,
+            coef_max=args.aent_coef_max,
+            warmup_steps=args.aent_warmup_steps,
+            adaptive=args.aent_adaptive,
+            statistic="clamped_entropy" if args.aent_clamp_fraction > 0 else "entropy",
+        )
+
+    def update(self, mean_statistic: float, step: int) -> None:
+        if not self.adaptive or step <= self.warmup_steps:
+            return
+        self.value = aent_coefficient_step(
+            self.value, mean_statistic, self.low, self.high, self.lr, self.coef_min, self.coef_max
+        )
+
+    def state_dict(self) -> dict:
+        return {"coef": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "coef" not in state:
+            raise KeyError(f"AEnt controller state {state!r} has no 'coef'")
+        self.value = float(state["coef"])
+
+    def metrics(self) -> dict[str, float]:
+        return {"aent/coef": self.value}
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class AEntConfig(EntropyGRPOConfig):
+    r"""
+    Configuration for [`AEntTrainer`]: every field of [`EntropyGRPOConfig`] plus AEnt's clamped-entropy bonus.
+
+    Defaults are the reference implementation's (the paper author's AReaL recipe, `recipe/AEnt`, README), except
+    `aent_warmup_steps` (the reference's example run used 29).
+
+    Parameters:
+        aent_clamp_fraction (`float`, *optional*, defaults to `0.3`):
+            Fraction `p` of the vocabulary (the `floor(p·V)` smallest logits) dropped before the clamped entropy is
+            computed; `0 ≤ p < 1`, `0` gives the full entropy.
+        aent_coef_init (`float`, *optional*, defaults to `2e-4`):
+            Initial bonus coefficient `λ_0`.
+        aent_entropy_low (`float`, *optional*, defaults to `0.05`):
+            Lower edge `H_low` of the clamped-entropy band: below it `λ` rises.
+        aent_entropy_high (`float`, *optional*, defaults to `0.23`):
+            Upper edge `H_high` of the band: above it `λ` falls.
+        aent_coef_lr (`float`, *optional*, defaults to `1e-3`):
+            Learning rate `α` of the coefficient.
+        aent_coef_min (`float`, *optional*, defaults to `1e-5`):
+            Lower bound `λ_min` of the coefficient box.
+        aent_coef_max (`float`, *optional*, defaults to `3e-3`):
+            Upper bound `λ_max` of the coefficient box.
+        aent_warmup_steps (`int`, *optional*, defaults to `0`):
+            Optimizer steps during which `λ` stays at `λ_0`; it moves after each step whose index exceeds this.
+        aent_adaptive (`bool`, *optional*, defaults to `True`):
+            Move `λ` with the controller; `False` keeps `λ = λ_0` for the whole run (the box is then unused).
+    """
+
+    aent_clamp_fraction: float = field(
+        default=0.3,
+        metadata={
+            "help": "AEnt clamp fraction p: the floor(p*V) smallest logits of each position are dropped before the "
+            "clamped entropy is computed; 0 <= p < 1, 0 gives the full entropy. Default 0.3 from the reference "
+            "implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_coef_init: float = field(
+        default=2e-4,
+        metadata={
+            "help": "Initial coefficient lambda_0 of the clamped-entropy bonus. Must lie in [aent_coef_min, "
+            "aent_coef_max] when aent_adaptive is on; any value >= 0 when it is off. Default 2e-4 from the "
+            "reference implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_entropy_low: float = field(
+        default=0.05,
+        metadata={
+            "help": "Lower edge H_low of the clamped-entropy band: while the step's mean clamped entropy is below it, "
+            "the coefficient rises. Default 0.05 from the reference implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_entropy_high: float = field(
+        default=0.23,
+        metadata={
+            "help": "Upper edge H_high of the clamped-entropy band: while the step's mean clamped entropy is above "
+            "it, the coefficient falls. Default 0.23 from the reference implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_coef_lr: float = field(
+        default=1e-3,
+        metadata={
+            "help": "Learning rate alpha of the coefficient controller (>= 0). Default 1e-3 from the reference "
+            "implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_coef_min: float = field(
+        default=1e-5,
+        metadata={
+            "help": "Lower bound lambda_min of the coefficient box (>= 0). Default 1e-5 from the reference "
+            "implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_coef_max: float = field(
+        default=3e-3,
+        metadata={
+            "help": "Upper bound lambda_max of the coefficient box (>= aent_coef_min). Default 3e-3 from the "
+            "reference implementation (AReaL recipe/AEnt README)."
+        },
+    )
+    aent_warmup_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps during which the coefficient stays at aent_coef_init; it is updated after each "
+            "optimizer step whose 1-based index exceeds this. Default 0 from the reference implementation's "
+            "defaults (its example run used 29)."
+        },
+    )
+    aent_adaptive: bool = field(
+        default=True,
+        metadata={
+            "help": "Adapt the coefficient to keep the clamped entropy in [aent_entropy_low, aent_entropy_high]; "
+            "False keeps it at aent_coef_init for the whole run. Default True (the paper's method)."
+        },
+    )
+
+    _aent_real_fields: ClassVar[tuple[str, ...]] = (
+        "aent_clamp_fraction",
+        "aent_coef_init",
+        "aent_entropy_low",
+        "aent_entropy_high",
+        "aent_coef_lr",
+        "aent_coef_min",
+        "aent_coef_max",
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in self._aent_real_fields:
+            value = getattr(self, name)
+            if not _is_real(value):
+                raise ValueError(f"{name} must be a finite real number, got {value!r}.")
+        p = self.aent_clamp_fraction
+        if not 0 <= p < 1:
+            raise ValueError(f"aent_clamp_fraction must lie in [0, 1), got {p!r}.")
+        for name in ("aent_entropy_low", "aent_entropy_high", "aent_coef_lr", "aent_coef_min", "aent_coef_init"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.aent_entropy_low > self.aent_entropy_high:
+            raise ValueError(
+                f"aent_entropy_low={self.aent_entropy_low!r} is above aent_entropy_high={self.aent_entropy_high!r}; "
+                "the band needs aent_entropy_low <= aent_entropy_high."
+            )
+        if self.aent_coef_min > self.aent_coef_max:
+            raise ValueError(
+                f"aent_coef_min={self.aent_coef_min!r} is above aent_coef_max={self.aent_coef_max!r}; "
+                "the coefficient box needs aent_coef_min <= aent_coef_max."
+            )
+        if self.aent_adaptive and not self.aent_coef_min <= self.aent_coef_init <= self.aent_coef_max:
+            raise ValueError(
+                f"aent_coef_init={self.aent_coef_init!r} lies outside the coefficient box [aent_coef_min, "
+                f"aent_coef_max] = [{self.aent_coef_min!r}, {self.aent_coef_max!r}]; the first update would clip it "
+                "there at once. Move it into the box (or widen the box), or set aent_adaptive=False for a fixed "
+                "coefficient."
+            )
+        warmup = self.aent_warmup_steps
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"aent_warmup_steps must be a non-negative integer, got {warmup!r}.")
+        if not isinstance(self.aent_adaptive, bool):
+            raise ValueError(f"aent_adaptive must be a bool, got {self.aent_adaptive!r}.")
+        if self.entropy_coef != 0 or self.use_adaptive_entropy:
+            raise ValueError(
+                f"entropy_coef={self.entropy_coef!r}, use_adaptive_entropy={self.use_adaptive_entropy!r}: AEnt "
+                "already adds a (clamped) entropy bonus, and TRL's own entropy bonus on top of it would be a second "
+                "entropy bonus, almost certainly a mistake. Set entropy_coef=0.0 and use_adaptive_entropy=False."
+            )
+
+
+class AEntTrainer(EntropyGRPOTrainer):
+    """GRPO with AEnt's clamped-entropy bonus and adaptive coefficient (see the module docstring).
+
+    Takes the same arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]. The clamped entropy comes out of
+    the fused kernel in the same forward pass as the log-probs (no second forward, no full logits). Logs `aent/coef`
+    (the coefficient after each optimizer step), `entropy/clamped` and `entropy`.
+    """
+
+    config_class: ClassVar[type] = AEntConfig
+    _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
+
+    @property
+    def aent_coef(self) -> float:
+        """The current coefficient ``λ`` (the value the next micro-batch's loss uses)."""
+        return self.controllers[AEntController.name].value
+
+    def build_controllers(self) -> list[Controller]:
+        return [AEntController.from_config(self.args)]
+
+    def clamp_fraction(self) -> float:
+        return self.args.aent_clamp_fraction
+
+    def regulariser(self, batch: CompletionBatch) -> torch.Tensor:
+        """``−λ`` times the token mean of the clamped entropy over the micro-batch (full entropy when ``p = 0``)."""
+        entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
+        return -self.aent_coef * masked_mean(entropy, batch.mask)
