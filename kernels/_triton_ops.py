@@ -193,6 +193,22 @@ def _block(n_cols: int) -> int:
     return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
 
 
+# (SEL_BLOCK, NSPLIT) forced by tests; None: the defaults below.
+SELECTION_OVERRIDE: tuple[int, int] | None = None
+
+
+def _selection_config(block: int) -> dict[str, int]:
+    if SELECTION_OVERRIDE is not None:
+        sel_block, nsplit = SELECTION_OVERRIDE
+    elif INTERPRET:
+        # The interpreter pays per operation (~7 ms per reduction: each re-patches triton.language), not per element:
+        # wide selection blocks and 256 probes per pass there (4-5 passes instead of 8-9).
+        sel_block, nsplit = block, 256
+    else:
+        sel_block, nsplit = max(16, min(256, block // 4)), NSPLIT
+    return {"SEL_BLOCK": sel_block, "NSPLIT": nsplit}
+
+
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
     """Same outputs as `_torch_ops.forward_stats`; ``z`` is left unchanged."""
     n, vocab = z.shape
@@ -220,10 +236,7 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         out.get("syc_rest", dummy),
         HAS_CLAMP=k > 0,
         BLOCK=block,
-        # The interpreter pays per operation (and ~7 ms per reduction: each re-patches triton.language), not per
-        # element: there, wide selection blocks and 256 probes per pass (4-5 passes instead of 8-9).
-        SEL_BLOCK=block if INTERPRET else max(16, min(256, block // 4)),
-        NSPLIT=256 if INTERPRET else NSPLIT,
+        **_selection_config(block),
     )
     return out
 
