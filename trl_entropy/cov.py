@@ -71,7 +71,7 @@ def ppo_clip_active(
     """
     upper = 1 + epsilon_high
     upper_positive = upper if delta is None else min(upper, delta)
-    upper_negative = upper if delta is None else max(upper, delta)
+    upper_negative = math.inf if delta is None else max(upper, delta)
     positive = (advantages > 0) & (ratio > upper_positive)
     negative = (advantages < 0) & ((ratio < 1 - epsilon_low) | (ratio > upper_negative))
     return positive | negative
@@ -130,7 +130,7 @@ def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> tor
 
 def _check_ratio(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and 0 < value <= 1):
-        raise ValueError(f"{name} must be in (0, 1] (a fraction of the valid tokens), got {value!r}.")
+        raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1] (a fraction of the valid tokens).")
 
 
 def _reject_sequence_level(config) -> None:
@@ -226,10 +226,9 @@ class KLCovConfig(EntropyGRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         _check_ratio("kl_cov_ratio", self.kl_cov_ratio)
-        if not (
-            isinstance(self.kl_cov_coef, (int, float)) and math.isfinite(self.kl_cov_coef) and self.kl_cov_coef >= 0
-        ):
-            raise ValueError(f"kl_cov_coef must be a finite number >= 0, got {self.kl_cov_coef!r}.")
+        coef = self.kl_cov_coef
+        if not (isinstance(coef, (int, float)) and math.isfinite(coef) and coef >= 0):
+            raise ValueError(f"kl_cov_coef={coef!r} is invalid: it must be a finite number >= 0.")
         _reject_sequence_level(self)
         if self.delta is not None:
             raise ValueError(
