@@ -9,6 +9,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# The toy models are tiny: one thread is as fast, and far faster when the cores are shared.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
