@@ -77,16 +77,15 @@ def grad_tile(
 
     local = targets - vocab_start
     in_tile = (local >= 0) & (local < width)
-    rows = in_tile.nonzero().squeeze(1)
-    cols = local.index_select(0, rows).unsqueeze(1)
+    cols = local.clamp(0, width - 1).unsqueeze(1)  # rows whose target is outside the tile are masked below
 
     if has_clamp:
         kept = torch.gt(z, coef["thr"].unsqueeze(1), out=d)
-        kept_t = kept[rows].gather(1, cols).squeeze(1)
+        kept_t = kept.gather(1, cols).squeeze(1)
     y = torch.sub(coef["m"].unsqueeze(1), z, out=z)
     torch.sub(coef["neg_logs"].unsqueeze(1), y, out=p).exp_()
-    y_t = y[rows].gather(1, cols).squeeze(1)
-    p_t = p[rows].gather(1, cols).squeeze(1)
+    y_t = y.gather(1, cols).squeeze(1)
+    p_t = p.gather(1, cols).squeeze(1)
 
     a0 = coef["a0"].unsqueeze(1)
     if "b0" not in coef and not has_clamp:
@@ -102,15 +101,19 @@ def grad_tile(
             c.addcmul_(dk, kept)
         p.mul_(c)
 
-    if rows.numel():
-        g_t = torch.zeros_like(y_t)
-        if "g_lp" in coef:
-            g_t += coef["g_lp"].index_select(0, rows) * coef["om"].index_select(0, rows)
-        rest = torch.zeros_like(y_t)
-        if "g_h" in coef:
-            rest += coef["g_h"].index_select(0, rows) * (y_t - coef["ybar"].index_select(0, rows))
-        if has_clamp:
-            rest += kept_t * coef["g_cr"].index_select(0, rows) * (y_t - coef["ybar_c"].index_select(0, rows))
-        g_t += p_t * rest
-        p[rows, cols.squeeze(1)] = g_t
+    # the target entry, rebuilt without cancellation
+    g_t = torch.zeros_like(y_t)
+    if "g_lp" in coef:
+        g_t += coef["g_lp"] * coef["om"]
+    rest = torch.zeros_like(y_t)
+    if "g_h" in coef:
+        rest += coef["g_h"] * (y_t - coef["ybar"])
+    if has_clamp:
+        rest += kept_t * coef["g_cr"] * (y_t - coef["ybar_c"])
+    g_t += p_t * rest
+    if bool(in_tile.all()):
+        p.scatter_(1, cols, g_t.unsqueeze(1))
+    else:
+        rows = in_tile.nonzero().squeeze(1)
+        p[rows, cols.index_select(0, rows).squeeze(1)] = g_t.index_select(0, rows)
     return p

@@ -28,7 +28,7 @@ def naive_logprob_entropy(
     logits = hidden.float() @ weight.float().t()
     if bias is not None:
         logits = logits + bias.float()
-    z = logits / temperature
+    z = logits / temperature if temperature != 1.0 else logits
     log_p = torch.log_softmax(z, dim=-1)
     log_probs = log_p.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)

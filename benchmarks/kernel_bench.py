@@ -1,0 +1,269 @@
+"""Benchmark of the fused log-prob / entropy / clamped-entropy head: time (forward + backward) and peak memory.
+
+Methods
+-------
+naive          full fp32 logits; log_softmax, entropy, and the clamped entropy from ``torch.topk`` of the kept entries
+               (``trl_entropy.kernels.naive_logprob_entropy``), backward through autograd.
+reference      the AEnt authors' recipe: full fp32 logits, moved to the CPU for ``torch.topk`` (indices of the kept
+               entries), back on the device for a gather and the clamped entropy; log-prob and entropy as ``naive``.
+               (On a CPU run the move is a no-op.)
+trl            TRL's fused head ``trl.kernels.ChunkedLogProbFunction`` (log-prob + full entropy; no clamp), with
+               TRL's own vocabulary chunk (32768) and token tile (4096).
+ours           ``chunked_logprob_entropy(..., backend="torch")`` with the clamp.
+ours_noclamp   the same with ``clamp_fraction=0`` (the work TRL's head does: like for like).
+ours_triton    ``backend="triton"`` (CUDA only).
+
+Each (shape, method) runs in a fresh subprocess. Peak memory is measured as
+
+* CPU: the process's peak resident set size (``resource.getrusage().ru_maxrss``) during the first forward + backward,
+  minus the resident size just before it (inputs already allocated). PyTorch's CPU allocator hands large blocks back
+  to the OS when they are freed, so this is the high-water mark of what the method held at once, gradient buffers
+  included. (``tracemalloc`` does not see torch's allocations.)
+* CUDA: ``torch.cuda.max_memory_allocated()`` minus the allocation before the call.
+
+The time is the median (and min) of ``--repeats`` forward + backward calls after that first one.
+
+Examples::
+
+    python benchmarks/kernel_bench.py                                   # CPU: N=4096, d=512, V=32768 and 151936
+    python benchmarks/kernel_bench.py --shapes 4096,512,32768 --methods ours,trl --repeats 5
+    python benchmarks/kernel_bench.py --device cuda                     # N=16384, d=3584, V=151936, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+CPU_SHAPES = ["4096,512,32768", "4096,512,151936"]
+CUDA_SHAPES = ["16384,3584,151936"]
+METHODS = ["naive", "reference", "trl", "ours", "ours_noclamp", "ours_triton"]
+DESCRIPTIONS = {
+    "naive": "naive full logits (+topk clamp)",
+    "reference": "AEnt reference (full logits, topk on CPU)",
+    "trl": "TRL fused head (no clamp)",
+    "ours": "ours, torch path",
+    "ours_noclamp": "ours, torch path, clamp 0",
+    "ours_triton": "ours, triton path",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker (one method, one shape, fresh process)
+# ---------------------------------------------------------------------------------------------------------------------
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reference_method(hidden, weight, targets, temperature, clamp_fraction):
+    """The AEnt recipe: full fp32 logits, CPU topk for the kept indices, clamped entropy back on the device."""
+    import torch
+
+    logits = (hidden @ weight.t()).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_p = torch.log_softmax(logits, dim=-1)
+    log_probs = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    vocab = logits.shape[-1]
+    keep = vocab - int(math.floor(clamp_fraction * vocab))
+    with torch.no_grad():
+        kept_idx = torch.topk(logits.detach().cpu(), keep, dim=-1).indices.to(logits.device)
+    kept = logits.gather(-1, kept_idx)
+    log_pk = torch.log_softmax(kept, dim=-1)
+    clamped = -(log_pk.exp() * log_pk).sum(-1)
+    return log_probs, entropy, clamped
+
+
+def worker(args) -> None:
+    import torch
+
+    n, d, vocab = (int(x) for x in args.shape.split(","))
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    torch.manual_seed(0)
+    hidden = torch.randn(n, d, device=device, dtype=dtype).requires_grad_()
+    weight = (torch.randn(vocab, d, device=device, dtype=dtype) * (2.0 / math.sqrt(d))).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), device=device)
+    temperature, clamp = args.temperature, args.clamp_fraction
+
+    if args.method in ("ours", "ours_noclamp", "ours_triton", "naive"):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
+    if args.method == "naive":
+
+        def run():
+            return naive_logprob_entropy(hidden, weight, targets, temperature=temperature, clamp_fraction=clamp)
+
+    elif args.method == "reference":
+
+        def run():
+            return _reference_method(hidden, weight, targets, temperature, clamp)
+
+    elif args.method == "trl":
+        import trl.trainer.utils  # noqa: F401  (TRL's backward imports it lazily: keep that out of the measurement)
+        from trl.kernels import ChunkedLogProbFunction
+
+        def run():
+            out = ChunkedLogProbFunction.apply(
+                hidden, weight, None, targets, temperature, 32768, None, 1.0, ("log_probs", "entropy")
+            )
+            return out[0], out[1]
+
+    else:
+        backend = "triton" if args.method == "ours_triton" else "torch"
+        fraction = 0.0 if args.method == "ours_noclamp" else clamp
+
+        def run():
+            return chunked_logprob_entropy(
+                hidden, weight, targets, temperature=temperature, clamp_fraction=fraction,
+                chunk_size=args.chunk_size, backend=backend,
+            )
+
+    def step():
+        hidden.grad = None
+        weight.grad = None
+        outputs = run()
+        loss = sum(o.sum() for o in outputs)
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    cpu_times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        step()
+        first = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        base = _rss_bytes()
+        start = time.perf_counter()
+        cpu_start = time.process_time()
+        step()
+        first = time.perf_counter() - start
+        cpu_times.append(time.process_time() - cpu_start)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    times = [first] if args.repeats == 0 else []
+    if args.repeats:
+        cpu_times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        cpu_start = time.process_time()
+        step()
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    result = {
+        "times_ms": [t * 1e3 for t in times],
+        "cpu_ms": [t * 1e3 for t in cpu_times],
+        "first_ms": first * 1e3,
+        "peak_mib": peak / 2**20,
+        "threads": torch.get_num_threads(),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shapes", nargs="+", help="N,d,V triples (default: per device)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
+    parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--clamp-fraction", type=float, default=0.3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk for ours (default: auto)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first (0: time the first)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per (shape, method)")
+    parser.add_argument("--mem-limit-gib", type=float, default=16.0, help="CPU: address-space cap per worker")
+    parser.add_argument("--json", default=None, help="also append the results to this JSON-lines file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if args.worker:
+        if args.mem_limit_gib and args.device == "cpu":
+            # An allocation past the limit raises in the worker instead of waking the OOM killer on a shared machine.
+            limit = int(args.mem_limit_gib * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        worker(args)
+        return
+
+    shapes = args.shapes or (CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES)
+    methods = args.methods.split(",") if args.methods else [
+        m for m in METHODS if args.device == "cuda" or m != "ours_triton"
+    ]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}")
+
+    header = (
+        "| method | shape N,d,V | dtype | fwd+bwd wall ms (median) | min wall ms | CPU ms (median) | first call ms "
+        "| peak MiB |\n|---|---|---|---|---|---|---|---|"
+    )
+    print(f"device={args.device} clamp_fraction={args.clamp_fraction} temperature={args.temperature} "
+          f"repeats={args.repeats} threads={args.threads or 'default'}", flush=True)
+    print(header, flush=True)
+    for shape in shapes:
+        for method in methods:
+            cmd = [
+                sys.executable, os.path.abspath(__file__), "--worker", "--method", method, "--shape", shape,
+                "--device", args.device, "--dtype", args.dtype, "--clamp-fraction", str(args.clamp_fraction),
+                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
+                "--mem-limit-gib", str(args.mem_limit_gib),
+            ]
+            if args.chunk_size:
+                cmd += ["--chunk-size", str(args.chunk_size)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+                if proc.returncode != 0 or not lines:
+                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+                    if proc.returncode in (-9, 137):
+                        status = "killed (OOM?)"
+                    elif "can't allocate memory" in proc.stderr or "out of memory" in proc.stderr.lower():
+                        status = f"OOM (> {args.mem_limit_gib:g} GiB cap)" if args.device == "cpu" else "OOM"
+                    else:
+                        status = f"failed: {tail[0][:80]}"
+                    print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | {status} | | | | |", flush=True)
+                    continue
+                res = json.loads(lines[-1][len("RESULT "):])
+            except subprocess.TimeoutExpired:
+                print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | timeout | | | | |", flush=True)
+                continue
+            times = res["times_ms"]
+            cpu = f"{statistics.median(res['cpu_ms']):.0f}" if res["cpu_ms"] else "n/a"
+            print(
+                f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | {statistics.median(times):.0f} | "
+                f"{min(times):.0f} | {cpu} | {res['first_ms']:.0f} | {res['peak_mib']:.0f} |",
+                flush=True,
+            )
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"method": method, "shape": shape, "dtype": args.dtype,
+                                        "device": args.device, "clamp_fraction": args.clamp_fraction, **res}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
