@@ -31,13 +31,17 @@ def toy_model_path(tmp_path_factory, toy_tokenizer):
     return str(path)
 
 
+# The warm start is deterministic, so its result is cached across test sessions (keyed by the toy's format version).
+TOY_CACHE = os.environ.get("TRL_ENTROPY_TEST_CACHE", os.path.join(os.path.dirname(__file__), ".toy_cache"))
+
+
 @pytest.fixture(scope="session")
 def warm_toy_policy_path(tmp_path_factory):
     """The warm-started toy policy (it sometimes succeeds), saved once for the whole session."""
     from trl_entropy.toy import build_toy_policy
 
     path = tmp_path_factory.mktemp("warm_toy_policy")
-    model, tokenizer = build_toy_policy(seed=0)
+    model, tokenizer = build_toy_policy(seed=0, cache_dir=TOY_CACHE)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)

@@ -5,9 +5,32 @@ from ._compat import check_trl_version
 
 check_trl_version()
 
-from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer  # noqa: E402 (after the TRL version check)
+# The imports below come after the TRL version check on purpose.
+from .adapo import ADAPOConfig, ADAPOController, ADAPOTrainer  # noqa: E402
+from .aent import AEntConfig, AEntController, AEntTrainer  # noqa: E402
+from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer  # noqa: E402
 from .controllers import Controller  # noqa: E402
+from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer  # noqa: E402
+from .repo import REPOConfig, REPOController, REPOTrainer  # noqa: E402
 
 
 __version__ = "0.1.0"
-__all__ = ["CompletionBatch", "Controller", "EntropyGRPOConfig", "EntropyGRPOTrainer"]
+__all__ = [
+    "ADAPOConfig",
+    "ADAPOController",
+    "ADAPOTrainer",
+    "AEntConfig",
+    "AEntController",
+    "AEntTrainer",
+    "ClipCovConfig",
+    "ClipCovTrainer",
+    "CompletionBatch",
+    "Controller",
+    "EntropyGRPOConfig",
+    "EntropyGRPOTrainer",
+    "KLCovConfig",
+    "KLCovTrainer",
+    "REPOConfig",
+    "REPOController",
+    "REPOTrainer",
+]
