@@ -83,7 +83,7 @@ class Reference:
         self.old = inputs["old_per_token_logps"].double()
         self.advantages = inputs["advantages"].double()
         with torch.no_grad():
-            log_probs = self.log_probs()
+            log_probs = self.detached_log_probs = self.log_probs()
         self.mask_list = self.mask.tolist()
         self.log_prob_list = log_probs.tolist()
         self.ratio_list = torch.exp(log_probs - self.old).tolist()
@@ -103,24 +103,23 @@ class Reference:
         return reference_clip_active(self.ratio_list[i][t], self.advantage_list[i])
 
     def loss(self, per_token_loss_fn, loss_type, max_completion_length, beta=0.0):
-        """The float64 loss alone (no backward pass)."""
-        with torch.no_grad():
-            return self.loss_and_gradients(per_token_loss_fn, loss_type, max_completion_length, beta, False)[0]
+        """The float64 loss alone (no backward pass; the log-probs computed once)."""
+        return self._loss(self.detached_log_probs, per_token_loss_fn, loss_type, max_completion_length, beta)
 
-    def loss_and_gradients(self, per_token_loss_fn, loss_type, max_completion_length, beta=0.0, gradients=True):
+    def loss_and_gradients(self, per_token_loss_fn, loss_type, max_completion_length, beta=0.0):
         """Loss and float64 parameter gradients for ``per_token_loss_fn(ℓ, ℓ_old, r, A) -> (B, T)``."""
         self.model.zero_grad(set_to_none=True)
-        log_probs = self.log_probs()
+        loss = self._loss(self.log_probs(), per_token_loss_fn, loss_type, max_completion_length, beta)
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in self.model.named_parameters() if p.grad is not None}
+
+    def _loss(self, log_probs, per_token_loss_fn, loss_type, max_completion_length, beta):
         ratio = torch.exp(log_probs - self.old)
         per_token = per_token_loss_fn(log_probs, self.old, ratio, self.advantages.unsqueeze(1))
         if beta:  # TRL's k3 estimator, times the ratio (GRPOConfig's default use_bias_correction_kl=True)
             ref_log_ratio = self.inputs["ref_per_token_logps"].double() - log_probs
             per_token = per_token + beta * (torch.exp(ref_log_ratio) - ref_log_ratio - 1) * ratio
-        loss = reference_aggregate(per_token, self.mask, loss_type, self.inputs, max_completion_length)
-        if not gradients:
-            return loss, None
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in self.model.named_parameters() if p.grad is not None}
+        return reference_aggregate(per_token, self.mask, loss_type, self.inputs, max_completion_length)
 
 
 def token_mask(shape, tokens):
@@ -479,7 +478,7 @@ def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_pat
     subset_losses = [reference.loss(clip_cov_loss_fn(set(s)), "bnpo", 6) for s in subsets]
     assert min(abs(a - b) for a, b in itertools.combinations(subset_losses, 2)) > 1e-5  # each pair is identifiable
 
-    def chosen_pair(seed, name):
+    def chosen_pair(seed, name, check_gradients=False):
         trainer = build_trainer(
             ClipCovTrainer,
             ClipCovConfig,
@@ -496,16 +495,45 @@ def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_pat
         loss, gradients = trainer_step(trainer, inputs)
         matches = [k for k, value in enumerate(subset_losses) if abs(value - loss.double()) < 1e-6]
         assert len(matches) == 1, "the loss matches no pair of candidates"
-        expected_loss, expected_gradients = reference.loss_and_gradients(
-            clip_cov_loss_fn(set(subsets[matches[0]])), "bnpo", 6
-        )
-        assert_same(loss, gradients, expected_loss, expected_gradients)
+        if check_gradients:
+            expected_loss, expected_gradients = reference.loss_and_gradients(
+                clip_cov_loss_fn(set(subsets[matches[0]])), "bnpo", 6
+            )
+            assert_same(loss, gradients, expected_loss, expected_gradients)
         assert trainer._metrics["train"]["clip_cov/detached_fraction"] == [pytest.approx(2 / num_valid)]
         return matches[0]
 
-    first = chosen_pair(0, "a")
+    first = chosen_pair(0, "a", check_gradients=True)
     assert chosen_pair(0, "b") == first
     assert any(chosen_pair(seed, f"s{seed}") != first for seed in range(1, 6))
+
+
+def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_tokenizer, tmp_path):
+    """Both generators start from args.seed (+ process index 0); evaluation draws from its own."""
+    inputs = batch(toy_model_path, toy_tokenizer, seed=12)
+    trainer = build_trainer(
+        ClipCovTrainer,
+        ClipCovConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        seed=3,
+        clip_cov_ratio=0.1,
+        clip_cov_lb=-1e9,
+        clip_cov_ub=1e9,
+    )
+    seeded = torch.Generator().manual_seed(3).get_state()
+    generators = trainer._clip_cov_generators
+    assert all(torch.equal(generators[mode].get_state(), seeded) for mode in ("train", "eval"))
+    trainer.model.eval()
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, dict(inputs))
+    assert torch.equal(generators["train"].get_state(), seeded)
+    assert not torch.equal(generators["eval"].get_state(), seeded)
+    assert trainer._metrics["eval"]["clip_cov/detached_fraction"] == [pytest.approx(1 / 16)]  # n = floor(1.6) = 1
+    trainer.model.train()
+    trainer.compute_loss(trainer.model, dict(inputs))
+    assert not torch.equal(generators["train"].get_state(), seeded)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
