@@ -13,7 +13,8 @@ from typing import ClassVar
 
 from .base import EntropyGRPOConfig, EntropyGRPOTrainer
 from .controllers import Controller
-from .repo import _is_real, reject_trl_entropy_bonus, validate_entropy_target
+from .repo import validate_entropy_target
+from .validation import is_finite_number, reject_trl_entropy_bonus
 
 
 @dataclass
@@ -68,20 +69,21 @@ class ADAPOConfig(EntropyGRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         reject_trl_entropy_bonus(self, "ADAPO")
-        if not (_is_real(self.adapo_epsilon_high_step) and self.adapo_epsilon_high_step > 0):
+        if not (is_finite_number(self.adapo_epsilon_high_step) and self.adapo_epsilon_high_step > 0):
             raise ValueError(
                 f"adapo_epsilon_high_step must be a positive finite number, got {self.adapo_epsilon_high_step!r}."
             )
-        if not (_is_real(self.adapo_epsilon_high_min) and self.adapo_epsilon_high_min >= 0):
+        if not (is_finite_number(self.adapo_epsilon_high_min) and self.adapo_epsilon_high_min >= 0):
             raise ValueError(
                 f"adapo_epsilon_high_min must be a non-negative finite number, got {self.adapo_epsilon_high_min!r}."
             )
-        if not _is_real(self.adapo_epsilon_high_max) or self.adapo_epsilon_high_max < self.adapo_epsilon_high_min:
+        high_max = self.adapo_epsilon_high_max
+        if not is_finite_number(high_max) or high_max < self.adapo_epsilon_high_min:
             raise ValueError(
                 f"adapo_epsilon_high_max must be a finite number >= adapo_epsilon_high_min="
                 f"{self.adapo_epsilon_high_min!r}, got {self.adapo_epsilon_high_max!r}."
             )
-        if not _is_real(self.epsilon_high) or not (
+        if not is_finite_number(self.epsilon_high) or not (
             self.adapo_epsilon_high_min <= self.epsilon_high <= self.adapo_epsilon_high_max
         ):
             raise ValueError(
@@ -89,7 +91,7 @@ class ADAPOConfig(EntropyGRPOConfig):
                 f"adapo_epsilon_high_max] = [{self.adapo_epsilon_high_min!r}, {self.adapo_epsilon_high_max!r}], "
                 f"got {self.epsilon_high!r}."
             )
-        if not (_is_real(self.epsilon) and 0 <= self.epsilon < 1):
+        if not (is_finite_number(self.epsilon) and 0 <= self.epsilon < 1):
             raise ValueError(f"epsilon (ADAPO's fixed epsilon_low) must lie in [0, 1), got {self.epsilon!r}.")
         validate_entropy_target(self.entropy_target)
 

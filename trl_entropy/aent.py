@@ -14,7 +14,6 @@ with ``H̄`` the step's token-mean clamped entropy over the accumulation window 
 ``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band.
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -23,6 +22,7 @@ import torch
 from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
 from .controllers import Controller
 from .diagnostics import masked_mean
+from .validation import is_finite_number, reject_trl_entropy_bonus
 
 
 __all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]
@@ -106,10 +106,6 @@ class AEntController(Controller):
 
     def metrics(self) -> dict[str, float]:
         return {"aent/coef": self.value}
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -223,7 +219,7 @@ class AEntConfig(EntropyGRPOConfig):
         super().__post_init__()
         for name in self._aent_real_fields:
             value = getattr(self, name)
-            if not _is_real(value):
+            if not is_finite_number(value):
                 raise ValueError(f"{name} must be a finite real number, got {value!r}.")
         p = self.aent_clamp_fraction
         if not 0 <= p < 1:
@@ -253,12 +249,7 @@ class AEntConfig(EntropyGRPOConfig):
             raise ValueError(f"aent_warmup_steps must be a non-negative integer, got {warmup!r}.")
         if not isinstance(self.aent_adaptive, bool):
             raise ValueError(f"aent_adaptive must be a bool, got {self.aent_adaptive!r}.")
-        if self.entropy_coef != 0 or self.use_adaptive_entropy:
-            raise ValueError(
-                f"entropy_coef={self.entropy_coef!r}, use_adaptive_entropy={self.use_adaptive_entropy!r}: AEnt "
-                "already adds a (clamped) entropy bonus, and TRL's own entropy bonus on top of it would be a second "
-                "entropy bonus, almost certainly a mistake. Set entropy_coef=0.0 and use_adaptive_entropy=False."
-            )
+        reject_trl_entropy_bonus(self, "AEnt")
 
 
 class AEntTrainer(EntropyGRPOTrainer):

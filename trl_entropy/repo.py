@@ -22,6 +22,7 @@ import torch
 
 from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
 from .controllers import Controller
+from .validation import is_finite_number, reject_trl_entropy_bonus
 
 
 REPO_VARIANTS = ("R", "D")
@@ -31,23 +32,8 @@ REPO_CENTERINGS = ("none", "entropy")
 REPO_VARIANT_DEFAULTS = {"D": (1e-3, 0.05), "R": (1e-2, 0.5)}
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def reject_trl_entropy_bonus(config, method: str) -> None:
-    """Refuse TRL's own entropy bonus next to a method whose ``entropy_target`` means something else."""
-    if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
-        raise ValueError(
-            f"{method} controls entropy itself and cannot be combined with TRL's entropy bonus: got "
-            f"entropy_coef={config.entropy_coef!r} and use_adaptive_entropy={config.use_adaptive_entropy!r}. "
-            f"Set entropy_coef=0.0 and use_adaptive_entropy=False (in {type(config).__name__}, `entropy_target` is "
-            f"{method}'s target, not TRL's bonus threshold)."
-        )
-
-
 def validate_entropy_target(value) -> None:
-    if value is not None and not (_is_real(value) and value > 0):
+    if value is not None and not (is_finite_number(value) and value > 0):
         raise ValueError(
             f"entropy_target must be a positive finite number of nats, or None to measure it on the first optimizer "
             f"step; got {value!r}."
@@ -132,11 +118,11 @@ class REPOConfig(EntropyGRPOConfig):
             self.repo_beta_step = default_step
         if self.repo_beta_max is None:
             self.repo_beta_max = default_max
-        if not (_is_real(self.repo_beta_step) and self.repo_beta_step > 0):
+        if not (is_finite_number(self.repo_beta_step) and self.repo_beta_step > 0):
             raise ValueError(f"repo_beta_step must be a positive finite number, got {self.repo_beta_step!r}.")
-        if not (_is_real(self.repo_beta_max) and self.repo_beta_max > 0):
+        if not (is_finite_number(self.repo_beta_max) and self.repo_beta_max > 0):
             raise ValueError(f"repo_beta_max must be a positive finite number, got {self.repo_beta_max!r}.")
-        if not _is_real(self.repo_beta):
+        if not is_finite_number(self.repo_beta):
             raise ValueError(f"repo_beta must be a finite number, got {self.repo_beta!r}.")
         if abs(self.repo_beta) > self.repo_beta_max:
             raise ValueError(
