@@ -181,6 +181,29 @@ class EntropyGRPOTrainer(GRPOTrainer):
         return None
 
     # ------------------------------------------------------------------------------------------------------------
+    # Rewards
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, refusing infinite ones.
+
+        TRL maps a ``None`` (or NaN) reward to NaN and leaves such completions out of the group statistics; that stays.
+        An infinite reward has no such meaning: it makes the group's advantages NaN (silently zeroed) or, with
+        ``scale_rewards="none"``, ±3.4e38, which turns the weights into NaN. The rewards are gathered across ranks
+        here, so every rank raises together.
+        """
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        infinite = torch.isinf(rewards_per_func)
+        if infinite.any():
+            row, column = infinite.nonzero()[0].tolist()
+            raise ValueError(
+                f"reward function {self.reward_func_names[column]!r} returned {rewards_per_func[row, column].item()} "
+                f"for completion {row} of the generation batch ({int(infinite.sum())} infinite rewards in all). "
+                "Rewards must be finite; return None for a completion the function cannot score."
+            )
+        return rewards_per_func
+
+    # ------------------------------------------------------------------------------------------------------------
     # Scoring
     # ------------------------------------------------------------------------------------------------------------
 
