@@ -91,14 +91,28 @@ def method_options(method: str) -> dict:
     from trl_entropy.methods import get_method
 
     options = dict(get_method(method).defaults)
+    if method == "kl_cov":
+        options.update(num_iterations=2)  # two updates per rollout: ℓ^old ≠ ℓ on the second, so the penalty acts
     if method == "aent":
         # A band above the toy's entropy and a large α: λ rises by a different amount every step.
         options.update(aent_entropy_low=3.0, aent_entropy_high=4.0, aent_coef_lr=1e-3, aent_coef_max=1.0)
     return options
 
 
-def make_trainer(method: str, model, output_dir: str, rollout=deterministic_rollout, dataset_size=16, **overrides):
-    """A trainer of the registered ``method`` on the toy task (fp32, CPU, no reporting)."""
+def make_trainer(
+    method: str,
+    model,
+    output_dir: str,
+    rollout=deterministic_rollout,
+    dataset_size=16,
+    trainer_kwargs=None,
+    **overrides,
+):
+    """A trainer of the registered ``method`` on the toy task (fp32, CPU, no reporting).
+
+    ``overrides`` are config fields; ``trainer_kwargs`` go to the trainer (``peft_config``, ...). ``rollout=None``
+    samples completions from the policy as usual.
+    """
     from trl_entropy.methods import get_method
     from trl_entropy.toy import build_toy_dataset, toy_reward
 
@@ -126,6 +140,7 @@ def make_trainer(method: str, model, output_dir: str, rollout=deterministic_roll
         args=args,
         train_dataset=build_toy_dataset(dataset_size, seed=0),
         rollout_func=rollout,
+        **(trainer_kwargs or {}),
     )
 
 
