@@ -91,6 +91,9 @@ def method_options(method: str) -> dict:
     from trl_entropy.methods import get_method
 
     options = dict(get_method(method).defaults)
+    if method == "clip_cov":
+        # Every valid token a candidate, a tenth of them detached: the random draw happens on every micro-batch.
+        options.update(clip_cov_ratio=0.1, clip_cov_lb=-10.0, clip_cov_ub=10.0)
     if method == "kl_cov":
         options.update(num_iterations=2)  # two updates per rollout: ℓ^old ≠ ℓ on the second, so the penalty acts
     if method == "aent":
