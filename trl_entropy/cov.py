@@ -129,7 +129,7 @@ def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> tor
 
 
 def _check_ratio(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1):
         raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1] (a fraction of the valid tokens).")
 
 
@@ -184,10 +184,13 @@ class ClipCovConfig(EntropyGRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         _check_ratio("clip_cov_ratio", self.clip_cov_ratio)
-        if not self.clip_cov_lb < self.clip_cov_ub:
+        bounds = (self.clip_cov_lb, self.clip_cov_ub)
+        if not (
+            all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds) and bounds[0] < bounds[1]
+        ):
             raise ValueError(
-                f"clip_cov_lb must be smaller than clip_cov_ub, got clip_cov_lb={self.clip_cov_lb!r} and "
-                f"clip_cov_ub={self.clip_cov_ub!r}."
+                "clip_cov_lb and clip_cov_ub must be numbers with clip_cov_lb < clip_cov_ub, got "
+                f"clip_cov_lb={self.clip_cov_lb!r} and clip_cov_ub={self.clip_cov_ub!r}."
             )
         _reject_sequence_level(self)
 
@@ -227,7 +230,7 @@ class KLCovConfig(EntropyGRPOConfig):
         super().__post_init__()
         _check_ratio("kl_cov_ratio", self.kl_cov_ratio)
         coef = self.kl_cov_coef
-        if not (isinstance(coef, (int, float)) and math.isfinite(coef) and coef >= 0):
+        if not (isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef) and coef >= 0):
             raise ValueError(f"kl_cov_coef={coef!r} is invalid: it must be a finite number >= 0.")
         _reject_sequence_level(self)
         if self.delta is not None:
