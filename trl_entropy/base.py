@@ -82,10 +82,11 @@ class EntropyGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"entropy_kernel_backend={self.entropy_kernel_backend!r} is not one of {list(KERNEL_BACKENDS)}."
             )
-        if self.entropy_kernel_chunk_size is not None and self.entropy_kernel_chunk_size <= 0:
-            raise ValueError(
-                f"entropy_kernel_chunk_size must be a positive integer, got {self.entropy_kernel_chunk_size}."
-            )
+        chunk_size = self.entropy_kernel_chunk_size
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+        ):
+            raise ValueError(f"entropy_kernel_chunk_size must be a positive integer or None, got {chunk_size!r}.")
 
 
 @dataclass
