@@ -30,7 +30,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .controllers import Controller
 from .diagnostics import covariance_from_moments, covariance_moments, masked_mean
-from .head import EntropyHeadRequest, install_entropy_head
+from .head import EntropyHeadRequest, install_entropy_head, unsupported_head_reason
 
 
 CONTROLLER_STATE_FILE = "trl_entropy_controllers.json"
@@ -137,6 +137,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def _reject_unsupported(model, args) -> None:
         if isinstance(model, str):
             return
+        reason = unsupported_head_reason(model)  # before TRL's set-up, which fails obscurely on a bare backbone
+        if reason is not None:
+            raise ValueError(reason)
         text_config = model.config.get_text_config()
         coefficient = args.router_aux_loss_coef
         if coefficient is None:
