@@ -2,6 +2,7 @@
 
     accelerate launch --cpu --num_processes 2 tests/distributed_run.py --model PATH --out DIR --methods aent,adapo
     python tests/distributed_run.py --model PATH --out DIR --methods aent,adapo --per-device-batch-size 8
+    python tests/distributed_run.py --model DIR/toy --out DIR --methods all --vllm colocate --steps 5   # GPU + vLLM
 
 Completions come from :func:`deterministic_rollout` (TRL's ``rollout_func`` hook), a fixed function of the prompt and
 of its copy index inside the group, so a run on two processes and a run on one process with the same global batch see
@@ -151,10 +152,36 @@ def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
 
 
-def run(method: str, model: str, out: str, per_device_batch_size: int, steps: int) -> None:
-    trainer = make_trainer(
-        method, model, os.path.join(out, method), per_device_train_batch_size=per_device_batch_size, max_steps=steps
+VLLM_OPTIONS = dict(
+    rollout=None,  # vLLM samples
+    use_cpu=False,
+    bf16=True,
+    use_vllm=True,
+    vllm_gpu_memory_utilization=0.25,
+    vllm_max_model_length=64,
+)
+VLLM_METRICS = ("sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean")
+
+
+def save_vllm_toy_policy(path: str) -> None:
+    """The toy policy for the vLLM smoke test: head size 64 (vLLM's attention kernels want a common head size), warm
+    started on the toy task, saved in bfloat16."""
+    from trl_entropy.toy import build_toy_model, build_toy_tokenizer, warm_start
+
+    tokenizer = build_toy_tokenizer()
+    model = build_toy_model(
+        tokenizer, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2
     )
+    warm_start(model, tokenizer)
+    model.to(torch.bfloat16).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def run(method: str, model: str, out: str, per_device_batch_size: int, steps: int, vllm_mode: str | None = None):
+    overrides = dict(per_device_train_batch_size=per_device_batch_size, max_steps=steps)
+    if vllm_mode is not None:
+        overrides.update(VLLM_OPTIONS, vllm_mode=vllm_mode)
+    trainer = make_trainer(method, model, os.path.join(out, method), **overrides)
     recorder = ControllerRecorder()
     recorder.trainer = trainer
     trainer.add_callback(recorder)
@@ -173,23 +200,40 @@ def run(method: str, model: str, out: str, per_device_batch_size: int, steps: in
         "weights_abs_sum": weights.abs().sum().item(),
         "weights_head": weights[:64].tolist(),
     }
+    if vllm_mode is not None:
+        record.update({key: logged(trainer, key) for key in VLLM_METRICS})
+        record["train_runtime"] = trainer.state.log_history[-1].get("train_runtime")
     with open(os.path.join(out, f"{method}_rank{rank}.json"), "w") as file:
         json.dump(record, file)
     trainer.accelerator.wait_for_everyone()
 
 
 def main(argv=None) -> None:
+    from trl_entropy.methods import METHODS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="path of a saved toy policy")
     parser.add_argument("--out", required=True, help="folder for the per-rank records")
-    parser.add_argument("--methods", default=",".join(ADAPTIVE_METHODS), help="comma-separated registry names")
+    parser.add_argument(
+        "--methods", default=",".join(ADAPTIVE_METHODS), help="comma-separated registry names, or 'all'"
+    )
     parser.add_argument("--per-device-batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--vllm",
+        choices=["colocate", "server"],
+        default=None,
+        help="GPU smoke test: generate with vLLM in this mode (sampled completions, bf16 on CUDA). A missing --model "
+        "folder is filled with a vLLM-friendly toy policy first.",
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.makedirs(options.out, exist_ok=True)
-    for method in options.methods.split(","):
-        run(method, options.model, options.out, options.per_device_batch_size, options.steps)
+    if options.vllm is not None and not os.path.exists(os.path.join(options.model, "config.json")):
+        save_vllm_toy_policy(options.model)
+    methods = sorted(METHODS) if options.methods == "all" else options.methods.split(",")
+    for method in methods:
+        run(method, options.model, options.out, options.per_device_batch_size, options.steps, options.vllm)
 
 
 if __name__ == "__main__":
