@@ -113,3 +113,28 @@ def test_lora_reference_is_the_base_model(warm_toy_policy_path, tmp_path):
     assert len(kl) == 3
     assert kl[0] == pytest.approx(0.0, abs=1e-6)  # lora_B starts at 0: the adapted policy is the base model
     assert kl[-1] > 1e-6  # once the adapter moves, the adapter-off reference differs
+
+
+def test_trainable_token_rows_of_a_tied_head(warm_toy_policy_path, toy_tokenizer, tmp_path):
+    """PEFT's `trainable_token_indices` wraps the tied head (a wrapper without `bias`); the kernel scores through it
+    and the trained rows are the head's rows: the kernel's log-probs equal the full-logit ones of the trained model."""
+    config = LoraConfig(
+        r=4, target_modules=["q_proj", "v_proj"], trainable_token_indices=[5, 6, 7], task_type="CAUSAL_LM"
+    )
+    trainer = make_trainer(
+        "grpo",
+        warm_toy_policy_path,
+        str(tmp_path),
+        max_steps=2,
+        learning_rate=1e-2,
+        trainer_kwargs={"peft_config": config},
+    )
+    trainer.train()
+    trained_rows = [p for name, p in trainer.model.named_parameters() if "trainable_tokens_delta" in name]
+    assert trained_rows and any(p.detach().abs().max() > 0 for p in trained_rows)
+    input_ids, attention_mask, completion_length, mask = probe_batch(toy_tokenizer)
+    trainer.model.eval()
+    with torch.no_grad():
+        scored, _, _ = trainer._score(trainer.model, input_ids, attention_mask, completion_length)
+    expected = full_logit_log_probs(trainer.model, input_ids, attention_mask, completion_length)
+    torch.testing.assert_close(scored[mask].double(), expected[mask], rtol=1e-5, atol=1e-5)

@@ -86,7 +86,8 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         targets = input_ids[:, -keep:]
         mask = attention_mask[:, -keep:].bool()
         lm_head = self.get_output_embeddings()
-        weight, bias = lm_head.weight, lm_head.bias
+        # PEFT wrappers of the head (e.g. for `trainable_token_indices`) expose `weight` but may have no `bias`.
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         device = weight.device.type
         hidden_states, mask, targets = (
             hidden_states.to(weight.device),
