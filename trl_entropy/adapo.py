@@ -7,12 +7,11 @@ mean full entropy tracks a target: up by ``δ`` when the entropy is below the ta
 to ``[ε_high_min, ε_high_max]``. The target is the mean entropy of the first optimizer step unless given.
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .base import EntropyGRPOConfig, EntropyGRPOTrainer
-from .controllers import Controller
+from .controllers import Controller, EntropyTargetController, entropy_direction
 from .repo import validate_entropy_target
 from .validation import is_finite_number, reject_trl_entropy_bonus
 
@@ -104,53 +103,30 @@ def adapo_controller_step(
     ``ε_high + δ`` if the mean entropy is below the target (allow more entropy increase), ``ε_high − δ`` if above
     (limit it), unchanged if equal; then clamped to ``[minimum, maximum]``.
     """
-    if mean_entropy < target:
-        epsilon_high = epsilon_high + delta
-    elif mean_entropy > target:
-        epsilon_high = epsilon_high - delta
+    epsilon_high = epsilon_high + entropy_direction(mean_entropy, target) * delta
     return min(max(epsilon_high, minimum), maximum)
 
 
-class ADAPOController(Controller):
+class ADAPOController(EntropyTargetController):
     """Moves ε_high so that the mean full entropy tracks the target (measured on the first optimizer step if None)."""
 
     name = "adapo"
-    statistic = "entropy"
+    value_name = "epsilon_high"
 
     def __init__(
         self, epsilon_high: float, delta: float, minimum: float, maximum: float, entropy_target: float | None = None
     ):
-        self.epsilon_high = float(epsilon_high)
+        super().__init__(epsilon_high, entropy_target)
         self.delta = float(delta)
         self.minimum = float(minimum)
         self.maximum = float(maximum)
-        self.entropy_target = None if entropy_target is None else float(entropy_target)
-        self.last_step = 0  # the last optimizer step that updated the controller
 
     @property
-    def value(self) -> float:
-        return self.epsilon_high
+    def epsilon_high(self) -> float:
+        return self.value
 
-    def update(self, mean_statistic: float, step: int) -> None:
-        if self.entropy_target is None:  # the first optimizer step measures the target (ε_high stays)
-            self.entropy_target = float(mean_statistic)
-        self.epsilon_high = adapo_controller_step(
-            self.epsilon_high, mean_statistic, self.entropy_target, self.delta, self.minimum, self.maximum
-        )
-        self.last_step = int(step)
-
-    def state_dict(self) -> dict:
-        return {"epsilon_high": self.epsilon_high, "entropy_target": self.entropy_target, "last_step": self.last_step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epsilon_high = float(state["epsilon_high"])
-        target = state["entropy_target"]
-        self.entropy_target = None if target is None else float(target)
-        self.last_step = int(state["last_step"])
-
-    def metrics(self) -> dict[str, float]:
-        target = math.nan if self.entropy_target is None else self.entropy_target
-        return {"adapo/epsilon_high": self.epsilon_high, "adapo/entropy_target": target}
+    def step(self, value: float, mean_entropy: float, target: float) -> float:
+        return adapo_controller_step(value, mean_entropy, target, self.delta, self.minimum, self.maximum)
 
 
 class ADAPOTrainer(EntropyGRPOTrainer):

@@ -15,13 +15,12 @@ mean entropy of the first optimizer step, or a given ``entropy_target``. No extr
 the rollout log-prob GRPO already has.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
-from .controllers import Controller
+from .controllers import Controller, EntropyTargetController, entropy_direction
 from .validation import is_finite_number, reject_trl_entropy_bonus
 
 
@@ -175,47 +174,29 @@ def repo_controller_step(beta: float, mean_entropy: float, target: float, delta:
     ``d = +1`` if the mean entropy is below the target, ``−1`` if above, else ``0``; if ``β · d < 0`` the sign of β
     flips (the pressure reverses at once); then ``β ← clip(β + d·δ, −β_max, β_max)``.
     """
-    direction = 1.0 if mean_entropy < target else (-1.0 if mean_entropy > target else 0.0)
+    direction = entropy_direction(mean_entropy, target)
     if beta * direction < 0:
         beta = -beta
     return min(max(beta + direction * delta, -beta_max), beta_max)
 
 
-class REPOController(Controller):
+class REPOController(EntropyTargetController):
     """Moves β so that the mean full entropy tracks the target (measured on the first optimizer step unless given)."""
 
     name = "repo"
-    statistic = "entropy"
+    value_name = "beta"
 
     def __init__(self, beta: float, beta_step: float, beta_max: float, entropy_target: float | None = None):
-        self.beta = float(beta)
+        super().__init__(beta, entropy_target)
         self.beta_step = float(beta_step)
         self.beta_max = float(beta_max)
-        self.entropy_target = None if entropy_target is None else float(entropy_target)
-        self.last_step = 0  # the last optimizer step that updated the controller
 
     @property
-    def value(self) -> float:
-        return self.beta
+    def beta(self) -> float:
+        return self.value
 
-    def update(self, mean_statistic: float, step: int) -> None:
-        if self.entropy_target is None:  # the first optimizer step measures the target (then d = 0: β stays)
-            self.entropy_target = float(mean_statistic)
-        self.beta = repo_controller_step(self.beta, mean_statistic, self.entropy_target, self.beta_step, self.beta_max)
-        self.last_step = int(step)
-
-    def state_dict(self) -> dict:
-        return {"beta": self.beta, "entropy_target": self.entropy_target, "last_step": self.last_step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.beta = float(state["beta"])
-        target = state["entropy_target"]
-        self.entropy_target = None if target is None else float(target)
-        self.last_step = int(state["last_step"])
-
-    def metrics(self) -> dict[str, float]:
-        target = math.nan if self.entropy_target is None else self.entropy_target
-        return {"repo/beta": self.beta, "repo/entropy_target": target}
+    def step(self, value: float, mean_entropy: float, target: float) -> float:
+        return repo_controller_step(value, mean_entropy, target, self.beta_step, self.beta_max)
 
 
 class REPOTrainer(EntropyGRPOTrainer):
