@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _torch_ops
 
@@ -238,6 +239,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         return log_probs, entropy, clamped
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_lp, g_h, g_c):
         hidden, weight, bias, targets, *saved_values = ctx.saved_tensors
         saved = dict(zip(ctx.saved_names, saved_values))
