@@ -137,6 +137,32 @@ def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, monkeypatch):
     assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=1e-2)
 
 
+def test_fp32_output_matmul_path_for_half_weights(monkeypatch):
+    """The CUDA bf16 path (GEMMs with bf16 operands and fp32 output), emulated on the CPU.
+
+    ``torch.mm(a, b, out_dtype=torch.float32)`` exists on CUDA only; here it is emulated exactly (bf16 operands are
+    exact in fp32), so the control flow of that path (no weight upcast, gradients cast to bf16 for the GEMMs) runs.
+    """
+    original_mm = torch.mm
+    calls = []
+
+    def mm(a, b, *args, out_dtype=None, **kwargs):
+        if out_dtype is None:
+            return original_mm(a, b, *args, **kwargs)
+        assert a.dtype == b.dtype == torch.bfloat16 and out_dtype == torch.float32
+        calls.append(1)
+        return original_mm(a.float(), b.float())
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(lpe, "_fast_half", lambda t: t.dtype == torch.bfloat16)
+    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=12)
+    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=8)
+    assert calls, "the fp32-output matmul path was not taken"
+    assert_values(out, ref, rtol=1e-5)
+    # the logits gradient is rounded to bf16 for the gradient GEMMs (fp32 accumulation), then bf16 outputs
+    assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=2e-2)
+
+
 def test_mixed_dtypes_fp32_hidden_bf16_weight():
     hidden, weight, bias, targets = make_inputs(seed=6)
     weight = weight.bfloat16()
