@@ -24,21 +24,9 @@ from dataclasses import dataclass, field
 import yaml
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
-from trl_entropy.methods import METHODS, get_method
+from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
 
 
-# Fits the toy task on a CPU; a real model uses TRL's own defaults.
-TOY_TRAINING_DEFAULTS = dict(
-    per_device_train_batch_size=16,
-    num_generations=8,
-    max_completion_length=8,
-    max_steps=40,
-    learning_rate=2e-4,
-    logging_steps=5,
-    save_strategy="no",
-    report_to=[],
-    bf16=False,
-)
 INSTRUCTION = " Give the final answer as \\boxed{answer}."
 
 
@@ -47,8 +35,13 @@ class TrainScriptArguments(ScriptArguments):
     """Script arguments: TRL's dataset options plus the method and the toy task's size."""
 
     method: str = field(default="grpo", metadata={"help": "The method to train with.", "choices": sorted(METHODS)})
-    toy_train_size: int = field(
-        default=512, metadata={"help": "Prompts in the toy training set (used when no --model_name_or_path)."}
+    toy_num_prompts: int = field(
+        default=TOY_NUM_PROMPTS,
+        metadata={
+            "help": "Distinct toy problems to train on (at most 320), repeated as often as training needs; used when "
+            "there is no --model_name_or_path. A small pool is what lets GRPO sharpen the toy policy within a few "
+            "hundred steps."
+        },
     )
     toy_policy_cache: str | None = field(
         default="outputs/toy_policy",
@@ -78,7 +71,7 @@ def build_parser(argv: list[str]) -> TrlParser:
     parser = TrlParser((TrainScriptArguments, method.config_class, ModelConfig))
     defaults = {"output_dir": f"outputs/{method_name}", **method.defaults}
     if option_value(argv, "model_name_or_path") is None and "model_name_or_path" not in from_yaml:
-        defaults.update(TOY_TRAINING_DEFAULTS, use_cpu=True)
+        defaults.update(TOY_TRAINING_DEFAULTS)
     parser.set_defaults(**defaults)
     return parser
 
@@ -118,10 +111,15 @@ def main(argv: list[str]) -> None:
         raise ValueError("--method entreg needs --entropy_coef > 0 or --use_adaptive_entropy")
 
     if model_args.model_name_or_path is None:
-        from trl_entropy.toy import build_toy_dataset, build_toy_policy, toy_reward
+        import torch
 
+        from trl_entropy.toy import build_toy_policy, toy_reward
+
+        torch.set_num_threads(1)  # the toy model is tiny: more threads only add overhead
         model, tokenizer = build_toy_policy(seed=training_args.seed, cache_dir=script_args.toy_policy_cache)
-        train_dataset = build_toy_dataset(script_args.toy_train_size, seed=training_args.seed)
+        rows = max(training_args.max_steps, 1) * training_args.per_device_train_batch_size
+        rows *= training_args.gradient_accumulation_steps
+        train_dataset = toy_training_set(script_args.toy_num_prompts, rows, seed=training_args.seed)
         reward = toy_reward
     else:
         from transformers import AutoTokenizer

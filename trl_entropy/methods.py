@@ -1,4 +1,4 @@
-"""The method registry: what `--method` names, for the example scripts and the demo."""
+"""The method registry (what `--method` names) and the toy recipe shared by `examples/train.py` and the demo."""
 
 from dataclasses import dataclass, field
 
@@ -7,6 +7,9 @@ from .aent import AEntConfig, AEntTrainer
 from .base import EntropyGRPOConfig, EntropyGRPOTrainer
 from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer
 from .repo import REPOConfig, REPOTrainer
+
+
+__all__ = ["METHODS", "TOY_NUM_PROMPTS", "TOY_TRAINING_DEFAULTS", "Method", "get_method", "toy_training_set"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,46 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
     return METHODS[name]
+
+
+# The toy recipe (ours, measured on the warm-started toy policy of trl_entropy.toy, seed 0): the training settings of
+# `examples/train.py` without --model_name_or_path and of the entropy-collapse demo. Under it GRPO sharpens the policy
+# within a few hundred steps: the reward on the training prompts rises from about 0.5 to 0.8 while the mean token
+# entropy falls from about 0.5 to 0.2 nats, and the held-out success drops. What each setting is for:
+# * a small, fixed pool of prompts (TOY_NUM_PROMPTS): the policy can sharpen on every one of them within the budget;
+#   drawing from all 320 training problems, the reward stays flat for hundreds of steps (each problem is a separate
+#   fact of a tiny model, seen a few times);
+# * a warm-up: Adam's first updates are sign-like and full-size in every parameter; without a warm-up they knock the
+#   warm-started policy down (reward 0.5 -> 0.3 within ten steps at 3e-4), and at 1e-3 it never recovers;
+# * learning rate 3e-4, constant: 1e-4 barely moves the policy in 400 steps, 1e-3 degrades it;
+# * num_iterations=2: every generation batch serves two optimizer steps, so the second is off-policy and the clipping
+#   that ADAPO and the clip-low recipe act on, and KL-Cov's |logp - logp_old| penalty, are not identically inactive.
+TOY_TRAINING_DEFAULTS: dict = {
+    "per_device_train_batch_size": 64,  # 8 prompts x 8 completions per optimizer step
+    "num_generations": 8,
+    "num_iterations": 2,
+    "max_completion_length": 8,
+    "learning_rate": 3e-4,
+    "lr_scheduler_type": "constant_with_warmup",
+    "warmup_steps": 20,
+    "max_steps": 400,
+    "logging_steps": 10,
+    "save_strategy": "no",
+    "report_to": [],
+    "bf16": False,
+    "use_cpu": True,
+}
+TOY_NUM_PROMPTS = 16
+
+
+def toy_training_set(num_prompts: int, num_rows: int, seed: int = 0):
+    """The toy training dataset: ``num_prompts`` distinct problems of the toy "train" split (at most 320, drawn with
+    ``seed``), repeated in order up to at least ``num_rows`` rows (the trainer's sampler shuffles them)."""
+    from trl_entropy.toy import build_toy_dataset, toy_problems
+
+    available = len(toy_problems("train"))
+    if not 1 <= num_prompts <= available:
+        raise ValueError(f"num_prompts must be between 1 and {available} (the toy training split), got {num_prompts}")
+    pool = build_toy_dataset(num_prompts, seed=seed)
+    repeats = max(1, -(-num_rows // num_prompts))
+    return pool.select([index for _ in range(repeats) for index in range(num_prompts)])
