@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import yaml
+from transformers import PrinterCallback
 from trl import TrlParser
 
 from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
@@ -58,7 +59,7 @@ class DemoArguments:
         default=CONFIGS_DIR, metadata={"help": "Folder of the per-run YAML configs (<name>.yaml)."}
     )
     smoothing: int = field(
-        default=20, metadata={"help": "Window (optimizer steps) of the moving average in the plot and the table."}
+        default=40, metadata={"help": "Window (optimizer steps) of the moving average in the plot and the table."}
     )
     toy_policy_cache: str | None = field(
         default="outputs/toy_policy", metadata={"help": "Folder caching the warm-started toy policy."}
@@ -104,6 +105,7 @@ def train_one(name: str, demo: DemoArguments, model_path: str, tokenizer, datase
     trainer = method.trainer_class(
         model=model_path, reward_funcs=toy_reward, args=args, train_dataset=dataset, processing_class=tokenizer
     )
+    trainer.remove_callback(PrinterCallback)  # no line per step: the demo prints one summary per run
     start = time.perf_counter()
     trainer.train()
     wall_time = time.perf_counter() - start
@@ -195,44 +197,87 @@ def format_markdown_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _label_line_ends(axis, ends: list[tuple[float, str, object]], gap: float = 0.045) -> None:
+    """Write each run's name just right of its curve's last point, nudged apart (``gap`` in axes fractions) so the
+    names never overlap. Call after the axis limits and scale are final."""
+    to_fraction = axis.transData + axis.transAxes.inverted()
+    x_end = axis.get_xlim()[1]
+    placed = sorted((to_fraction.transform((x_end, value))[1], name, colour) for value, name, colour in ends)
+    positions = [fraction for fraction, _, _ in placed]
+    for index in range(1, len(positions)):
+        positions[index] = max(positions[index], positions[index - 1] + gap)
+    shift = max(0.0, positions[-1] - placed[-1][0]) / 2 if positions else 0.0  # spread both ways, not only upwards
+    for (_, name, colour), position in zip(placed, positions):
+        axis.annotate(
+            name,
+            xy=(1.0, position - shift),
+            xycoords="axes fraction",
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=9,
+            color=colour,
+            annotation_clip=False,
+        )
+
+
 def plot(histories: dict[str, list[dict]], path: str, window: int, title: str = "") -> None:
-    """Entropy and reward curves (moving averages over ``window`` optimizer steps), one line per run."""
+    """Entropy and reward curves (moving averages over ``window`` optimizer steps), one line per run, each labelled
+    at its end."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (entropy_axis, reward_axis) = plt.subplots(1, 2, figsize=(14, 5.2))
+    figure, axes = plt.subplots(1, 2, figsize=(15, 5.6))
     palette = plt.get_cmap("tab10")
     colour_index = 0
+    ends: dict[int, list] = {0: [], 1: []}
     for name, history in histories.items():
         if name == "grpo":
-            style = {"color": "black", "linewidth": 2.6, "zorder": 5}
+            style = {"color": "black", "linewidth": 2.8, "zorder": 5}
         elif name == "entreg":
-            style = {"color": "0.45", "linewidth": 2.0, "linestyle": "--", "zorder": 4}
+            style = {"color": "0.5", "linewidth": 2.0, "linestyle": "--", "zorder": 4}
         else:
-            style = {"color": palette(colour_index % 10), "linewidth": 1.7}
+            style = {"color": palette(colour_index % 10), "linewidth": 1.8}
             colour_index += 1
-        for axis, (steps, values) in zip((entropy_axis, reward_axis), curves(history).values()):
+        for panel, (steps, values) in enumerate(curves(history).values()):
             # Rewards are logged only on generation steps: average over the same number of optimizer steps.
             points = max(1, round(window * len(values) / max(len(history), 1)))
-            axis.plot(steps, moving_average(values, points), label=name, **style)
-    entropy_axis.set(
-        title=f"Mean token entropy ({window}-step moving average)", xlabel="optimizer step", ylabel="entropy (nats)"
+            smoothed = moving_average(values, points)
+            axes[panel].plot(steps, smoothed, label=name, **style)
+            if smoothed:
+                ends[panel].append((smoothed[-1], name, style["color"]))
+    axes[0].set(
+        title=f"Mean token entropy ({window}-step moving average, log scale)",
+        xlabel="optimizer step",
+        ylabel="entropy (nats)",
     )
-    reward_axis.set(
+    # A log scale keeps a run whose entropy explodes (a too-large fixed bonus drives it towards ln V ≈ 3.8) from
+    # squashing the others, and shows a collapse as what it is: a steady fall by a factor.
+    axes[0].set_yscale("log")
+    low, high = axes[0].get_ylim()
+    dense = high / low < 5  # a narrow range gets more ticks
+    candidates = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
+    if not dense:
+        candidates = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)
+    ticks = [tick for tick in candidates if low <= tick <= high]
+    axes[0].set_yticks(ticks, [f"{tick:g}" for tick in ticks])
+    axes[0].set_yticks([], minor=True)
+    axes[1].set(
         title=f"Reward on the training prompts ({window}-step moving average)",
         xlabel="optimizer step",
         ylabel="mean reward (success rate)",
     )
-    for axis in (entropy_axis, reward_axis):
+    for panel, axis in enumerate(axes):
         axis.grid(alpha=0.3)
-        axis.set_xlim(left=0)
-    reward_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10, frameon=False)
+        axis.set_xlim(0, max(len(history) for history in histories.values()))
+        _label_line_ends(axis, ends[panel])
     if title:
         figure.suptitle(title, fontsize=11)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.subplots_adjust(wspace=0.22)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
 

@@ -223,3 +223,50 @@ def test_moving_average_against_a_direct_sum():
             for i in range(len(values))
         ]
         assert demo.moving_average(values, window) == pytest.approx(expected)
+
+
+def write_jsonl(folder: Path, rows: list[dict]) -> str:
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(folder)
+
+
+def test_train_real_model_on_a_local_math_dataset(toy_cache, tmp_path):
+    """The --model_name_or_path path end to end, offline: a saved model with a chat template, a GSM8K-style dataset
+    folder, the math answer reward, TRL's defaults instead of the toy recipe."""
+    from trl_entropy.toy import build_toy_policy
+
+    model, tokenizer = build_toy_policy(seed=0, cache_dir=toy_cache)
+    tokenizer.chat_template = (
+        "{% for message in messages %}{{ message['content'] | lower }}{% endfor %}"
+        "{% if add_generation_prompt %}={% endif %}"
+    )
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    rows = [
+        {"question": f"What is {a}+{a + 1}?", "answer": f"{a}+{a + 1}={2 * a + 1}\n#### {2 * a + 1}"} for a in range(8)
+    ]
+    dataset = write_jsonl(tmp_path / "gsm", rows)
+    output_dir = tmp_path / "out"
+    arguments = ["--method", "aent", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", dataset]
+    arguments += ["--use_cpu", "--bf16", "false", "--report_to", "none", "--max_completion_length", "8"]
+    result = run_train([*arguments, *TINY, "--output_dir", str(output_dir)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = logged_metrics(result.stdout + result.stderr)
+    assert "rewards/math_answer_reward/mean" in metrics and "aent/coef" in metrics
+    assert float(metrics["learning_rate"]) == pytest.approx(1e-6)  # TRL's default schedule, not the toy recipe's
+    assert (output_dir / "model.safetensors").exists()
+
+
+def test_real_math_dataset_reads_gsm8k_and_math_columns(train_module, tmp_path):
+    gsm = write_jsonl(tmp_path / "gsm", [{"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}])
+    math = write_jsonl(tmp_path / "math", [{"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}])
+    other = write_jsonl(tmp_path / "other", [{"text": "no answer column"}])
+
+    gsm_rows = train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=gsm))
+    assert gsm_rows[0]["prompt"] == [{"role": "user", "content": "What is 2+3?" + train_module.INSTRUCTION}]
+    assert gsm_rows[0]["answer"] == "5"
+    math_rows = train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=math))
+    assert math_rows[0]["answer"] == "\\frac{1}{2}"
+    with pytest.raises(ValueError, match="reads 'question'/'answer'"):
+        train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=other))
