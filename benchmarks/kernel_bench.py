@@ -125,8 +125,13 @@ def worker(args) -> None:
 
         def run():
             return chunked_logprob_entropy(
-                hidden, weight, targets, temperature=temperature, clamp_fraction=fraction,
-                chunk_size=args.chunk_size, backend=backend,
+                hidden,
+                weight,
+                targets,
+                temperature=temperature,
+                clamp_fraction=fraction,
+                chunk_size=args.chunk_size,
+                backend=backend,
             )
 
     def step():
@@ -209,9 +214,11 @@ def main(argv=None) -> None:
         return
 
     shapes = args.shapes or (CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES)
-    methods = args.methods.split(",") if args.methods else [
-        m for m in METHODS if args.device == "cuda" or m != "ours_triton"
-    ]
+    methods = (
+        args.methods.split(",")
+        if args.methods
+        else [m for m in METHODS if args.device == "cuda" or m != "ours_triton"]
+    )
     unknown = set(methods) - set(METHODS)
     if unknown:
         parser.error(f"unknown methods {sorted(unknown)}")
@@ -220,16 +227,34 @@ def main(argv=None) -> None:
         "| method | shape N,d,V | dtype | fwd+bwd wall ms (median) | min wall ms | CPU ms (median) | first call ms "
         "| peak MiB |\n|---|---|---|---|---|---|---|---|"
     )
-    print(f"device={args.device} clamp_fraction={args.clamp_fraction} temperature={args.temperature} "
-          f"repeats={args.repeats} threads={args.threads or 'default'}", flush=True)
+    print(
+        f"device={args.device} clamp_fraction={args.clamp_fraction} temperature={args.temperature} "
+        f"repeats={args.repeats} threads={args.threads or 'default'}",
+        flush=True,
+    )
     print(header, flush=True)
     for shape in shapes:
         for method in methods:
             cmd = [
-                sys.executable, os.path.abspath(__file__), "--worker", "--method", method, "--shape", shape,
-                "--device", args.device, "--dtype", args.dtype, "--clamp-fraction", str(args.clamp_fraction),
-                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
-                "--mem-limit-gib", str(args.mem_limit_gib),
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--method",
+                method,
+                "--shape",
+                shape,
+                "--device",
+                args.device,
+                "--dtype",
+                args.dtype,
+                "--clamp-fraction",
+                str(args.clamp_fraction),
+                "--temperature",
+                str(args.temperature),
+                "--repeats",
+                str(args.repeats),
+                "--mem-limit-gib",
+                str(args.mem_limit_gib),
             ]
             if args.chunk_size:
                 cmd += ["--chunk-size", str(args.chunk_size)]
@@ -248,7 +273,7 @@ def main(argv=None) -> None:
                         status = f"failed: {tail[0][:80]}"
                     print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | {status} | | | | |", flush=True)
                     continue
-                res = json.loads(lines[-1][len("RESULT "):])
+                res = json.loads(lines[-1][len("RESULT ") :])
             except subprocess.TimeoutExpired:
                 print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | timeout | | | | |", flush=True)
                 continue
@@ -261,8 +286,19 @@ def main(argv=None) -> None:
             )
             if args.json:
                 with open(args.json, "a") as f:
-                    f.write(json.dumps({"method": method, "shape": shape, "dtype": args.dtype,
-                                        "device": args.device, "clamp_fraction": args.clamp_fraction, **res}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "method": method,
+                                "shape": shape,
+                                "dtype": args.dtype,
+                                "device": args.device,
+                                "clamp_fraction": args.clamp_fraction,
+                                **res,
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 if __name__ == "__main__":

@@ -117,8 +117,7 @@ def kth_smallest_threshold(
             rows = rows_all.index_select(0, keep)
             work = work.index_select(0, keep)
             lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, t, width_c, stall = (
-                x.index_select(0, keep)
-                for x in (lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, t, width_c, stall)
+                x.index_select(0, keep) for x in (lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, t, width_c, stall)
             )
             active = torch.ones(keep.numel(), dtype=torch.bool, device=z.device)
     if bool(active.any()):

@@ -314,7 +314,7 @@ def chunked_logprob_entropy(
     chunk_size: int | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of ``targets``, full entropy and clamped entropy of ``softmax((hidden @ weight.T + bias) / T)``.
+    """Per-token log-prob of ``targets``, entropy and clamped entropy of ``softmax((hidden @ weight.T + bias) / T)``.
 
     Args:
         hidden: ``(N, d)`` final hidden states of the scored positions (any float dtype).
@@ -347,9 +347,7 @@ def chunked_logprob_entropy(
     if not hidden.is_floating_point() or not weight.is_floating_point():
         raise ValueError(f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}")
     if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != (n_tokens,):
-        raise ValueError(
-            f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}"
-        )
+        raise ValueError(f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}")
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
         raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
     if bias is not None:

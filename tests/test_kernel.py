@@ -95,8 +95,14 @@ def assert_grads(grads, ref_grads, inputs, rtol=1e-5):
 def test_matches_float64_fp32(clamp_fraction, temperature, chunk_size):
     hidden, weight, bias, targets = make_inputs()
     out, grads, ref, ref_grads = run_both(
-        hidden, weight, bias, targets, temperature=temperature, clamp_fraction=clamp_fraction,
-        chunk_size=chunk_size, backend="torch",
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature=temperature,
+        clamp_fraction=clamp_fraction,
+        chunk_size=chunk_size,
+        backend="torch",
     )
     assert_values(out, ref)
     assert_grads(grads, ref_grads, (hidden, weight, bias))
@@ -115,7 +121,14 @@ def test_without_bias(clamp_fraction):
 def test_every_subset_of_outputs_in_the_loss(used, clamp_fraction):
     hidden, weight, bias, targets = make_inputs(seed=3)
     out, grads, ref, ref_grads = run_both(
-        hidden, weight, bias, targets, used=used, seed=7, temperature=1.3, clamp_fraction=clamp_fraction,
+        hidden,
+        weight,
+        bias,
+        targets,
+        used=used,
+        seed=7,
+        temperature=1.3,
+        clamp_fraction=clamp_fraction,
         chunk_size=6,
     )
     assert_values(out, ref)
@@ -422,9 +435,7 @@ def test_bad_inputs_raise_value_error(change, message):
     kwargs = dict(hidden=hidden, weight=weight, targets=targets, bias=bias)
     kwargs.update(change)
     with pytest.raises(ValueError, match=message):
-        chunked_logprob_entropy(
-            kwargs.pop("hidden"), kwargs.pop("weight"), kwargs.pop("targets"), **kwargs
-        )
+        chunked_logprob_entropy(kwargs.pop("hidden"), kwargs.pop("weight"), kwargs.pop("targets"), **kwargs)
 
 
 def test_triton_backend_unavailable_raises(monkeypatch):

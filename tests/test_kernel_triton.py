@@ -119,7 +119,14 @@ def interpreter_checks() -> None:
     _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.0, temperature=1.0, chunk_size=5)
     done("clamp 0, T=1, chunk 5")
     _check(
-        kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.3, temperature=0.7,
+        kernels,
+        hidden,
+        weight,
+        bias,
+        targets,
+        used_sets=all_subsets,
+        clamp_fraction=0.3,
+        temperature=0.7,
         chunk_size=5,
     )
     done("clamp 0.3, T=0.7, chunk 5, every subset of outputs in the loss")
@@ -186,9 +193,7 @@ def test_triton_interpreter_matches_float64():
     if not _triton_importable():
         pytest.skip("triton is not installed")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     report = f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, report
 
