@@ -80,3 +80,126 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
     if ref:
         inputs["ref_per_token_logps"] = log_probs + 0.2 * torch.randn(log_probs.shape, generator=generator)
     return inputs
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the method tests (imported as `from conftest import ...`)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
+    """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
+    from trl_entropy.toy import build_toy_dataset, toy_reward
+
+    args = config_class(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        gradient_accumulation_steps=accumulation,
+        **options,
+    )
+    trainer = trainer_class(
+        model=path,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8, seed=0),
+        processing_class=tokenizer,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = accumulation
+    return trainer
+
+
+def set_sync(trainer, sync):
+    """Mark the next micro-batch as the last of its accumulation window (True) or not."""
+    trainer.accelerator.gradient_state._set_sync_gradients(sync)
+
+
+def loss_and_gradients(trainer, inputs):
+    """The loss of one ``compute_loss`` call and every parameter's gradient."""
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def naive_log_softmax(model, inputs):
+    """Log-softmax of the full logits at the completion positions, in float64 (temperature 1)."""
+    with torch.no_grad():
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+    return torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
+
+
+def naive_log_probs(model, inputs):
+    """Per-token log-probs of the sampled completion tokens, from the full logits in float64."""
+    return naive_log_softmax(model, inputs).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def naive_entropy(model, inputs):
+    """Per-token full entropy of the completion, from the full logits in float64."""
+    log_probs = naive_log_softmax(model, inputs)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def split_batch(inputs):
+    """Two half micro-batches of a GRPO micro-batch (rows 0..B/2 and B/2..B)."""
+    half = inputs["prompt_ids"].size(0) // 2
+    halves = []
+    for rows in (slice(0, half), slice(half, None)):
+        part = {k: (v[rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
+        part["num_items_in_batch"] = inputs["num_items_in_batch"]
+        halves.append(part)
+    return halves
+
+
+def varied_batch(model, vocab_size, seed):
+    """A batch of 8 whose halves hold different numbers of valid tokens (so a mean of means would differ)."""
+    inputs = make_grpo_batch(model, vocab_size, batch=8, seed=seed)
+    inputs["completion_mask"][4 + seed % 4, 2:] = 0
+    inputs["completion_mask"][5, 1:] = 0
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    return inputs
+
+
+def train_toy(trainer_class, config_class, path, output_dir, metric, resume=None, **options):
+    """Train 4 steps on the toy task with a checkpoint every 2; returns the trainer, the controllers' state when
+    training began (after a resumed checkpoint was loaded) and the logged entries holding ``metric`` by step."""
+    from transformers import TrainerCallback
+
+    from trl_entropy.toy import build_toy_dataset, toy_reward
+
+    class RecordControllerState(TrainerCallback):
+        state = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.state = {name: c.state_dict() for name, c in trainer.controllers.items()}
+
+    args = config_class(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=4,
+        save_steps=2,
+        logging_steps=1,
+        learning_rate=5e-4,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        **options,
+    )
+    trainer = trainer_class(
+        model=path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(64, seed=0)
+    )
+    recorder = RecordControllerState()
+    trainer.add_callback(recorder)
+    trainer.train(resume_from_checkpoint=resume)
+    logs = {entry["step"]: entry for entry in trainer.state.log_history if metric in entry}
+    return trainer, recorder, logs

@@ -7,12 +7,20 @@ import os
 
 import pytest
 import torch
-from conftest import make_grpo_batch
-from transformers import TrainerCallback
+from conftest import (
+    build_trainer,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_entropy,
+    naive_log_probs,
+    set_sync,
+    split_batch,
+    train_toy,
+    varied_batch,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
-from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -105,41 +113,6 @@ def test_controller_with_a_given_target_moves_on_the_first_step():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
-    args = config_class(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        gradient_accumulation_steps=accumulation,
-        **options,
-    )
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8, seed=0),
-        processing_class=tokenizer,
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
-
-
-def set_sync(trainer, sync):
-    trainer.accelerator.gradient_state._set_sync_gradients(sync)
-
-
-def loss_and_gradients(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, dict(inputs))
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
-
 def test_loss_equals_grpo_trainer_dapo_with_the_controller_epsilon_high(toy_model_path, toy_tokenizer, tmp_path):
     trl_trainer = build_trainer(
         GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type="dapo", epsilon_high=0.28
@@ -183,46 +156,6 @@ def test_loss_equals_grpo_trainer_dapo_with_the_controller_epsilon_high(toy_mode
     assert abs(trl_default_loss.item() - our_loss.item()) > 1e-4
 
 
-def naive_log_probs(model, inputs):
-    """Per-token log-probs of the sampled completion tokens from the full logits in float64."""
-    with torch.no_grad():
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-    log_probs = torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
-    return log_probs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-
-
-def naive_entropy(model, inputs):
-    """Per-token full entropy of the completion from the full logits in float64 (temperature 1)."""
-    with torch.no_grad():
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-    log_probs = torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def split_batch(inputs):
-    """Two half micro-batches of a GRPO micro-batch (rows 0..B/2 and B/2..B)."""
-    half = inputs["prompt_ids"].size(0) // 2
-    halves = []
-    for rows in (slice(0, half), slice(half, None)):
-        part = {k: (v[rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
-        part["num_items_in_batch"] = inputs["num_items_in_batch"]
-        halves.append(part)
-    return halves
-
-
-def varied_batch(model, vocab_size, seed):
-    """A batch of 8 whose halves hold different numbers of valid tokens (so a mean of means would differ)."""
-    inputs = make_grpo_batch(model, vocab_size, batch=8, seed=seed)
-    inputs["completion_mask"][4 + seed % 4, 2:] = 0
-    inputs["completion_mask"][5, 1:] = 0
-    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
-    return inputs
-
-
 def test_target_is_the_first_optimizer_steps_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
     trainer = build_trainer(ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation=2)
     inputs = varied_batch(trainer.model, len(toy_tokenizer), seed=0)
@@ -262,41 +195,6 @@ def test_accumulation_of_two_half_batches_gives_the_same_trajectory(toy_model_pa
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class RecordControllerState(TrainerCallback):
-    """Records the controllers' state when training begins (after a resumed checkpoint has been loaded)."""
-
-    def __init__(self):
-        self.trainer, self.state = None, None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.state = {name: c.state_dict() for name, c in self.trainer.controllers.items()}
-
-
-def train_toy(path, output_dir, resume=None, **options):
-    args = ADAPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=4,
-        save_steps=2,
-        logging_steps=1,
-        learning_rate=5e-4,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        **options,
-    )
-    trainer = ADAPOTrainer(model=path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(64, seed=0))
-    recorder = RecordControllerState()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
-    trainer.train(resume_from_checkpoint=resume)
-    logs = {entry["step"]: entry for entry in trainer.state.log_history if "adapo/epsilon_high" in entry}
-    return trainer, recorder, logs
-
-
 def expected_next(epsilon_high, entropy, target, delta=0.03, low=0.1, high=0.5):
     if entropy < target:
         epsilon_high += delta
@@ -307,7 +205,9 @@ def expected_next(epsilon_high, entropy, target, delta=0.03, low=0.1, high=0.5):
 
 def test_train_checkpoint_and_resume(warm_toy_policy_path, tmp_path):
     options = dict(adapo_epsilon_high_step=0.03)
-    trainer, _, logs = train_toy(warm_toy_policy_path, tmp_path, **options)
+    trainer, _, logs = train_toy(
+        ADAPOTrainer, ADAPOConfig, warm_toy_policy_path, tmp_path, "adapo/epsilon_high", **options
+    )
     assert sorted(logs) == [1, 2, 3, 4]
     target = logs[1]["adapo/entropy_target"]
     assert 0 < target < math.log(len(trainer.processing_class))
@@ -326,7 +226,15 @@ def test_train_checkpoint_and_resume(warm_toy_policy_path, tmp_path):
         "adapo": {"epsilon_high": logs[2]["adapo/epsilon_high"], "entropy_target": target, "last_step": 2}
     }
 
-    resumed, recorder, resumed_logs = train_toy(warm_toy_policy_path, tmp_path / "resumed", checkpoint, **options)
+    resumed, recorder, resumed_logs = train_toy(
+        ADAPOTrainer,
+        ADAPOConfig,
+        warm_toy_policy_path,
+        tmp_path / "resumed",
+        "adapo/epsilon_high",
+        checkpoint,
+        **options,
+    )
     assert recorder.state == saved  # restored exactly, before the first resumed step
     assert resumed_logs[3]["adapo/entropy_target"] == target  # not measured again
     expected = expected_next(saved["adapo"]["epsilon_high"], resumed_logs[3]["entropy"], target)

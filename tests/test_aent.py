@@ -7,7 +7,8 @@ import os
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import build_trainer as shared_build_trainer
+from conftest import loss_and_gradients, make_grpo_batch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -204,39 +205,18 @@ TEMPERATURE = 0.7
 STRONG = dict(aent_coef_init=0.4, aent_coef_min=0.0, aent_coef_max=1.0, aent_coef_lr=0.05)  # a visible bonus
 
 
-def common_options(accumulation=ACCUMULATION):
-    return dict(
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        temperature=TEMPERATURE,
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,
-    )
-
-
 def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=ACCUMULATION, **options):
-    args = config_class(output_dir=str(output_dir), **common_options(accumulation), **options)
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8, seed=0),
-        processing_class=tokenizer,
+    return shared_build_trainer(
+        trainer_class,
+        config_class,
+        path,
+        tokenizer,
+        output_dir,
+        accumulation,
+        temperature=TEMPERATURE,
+        steps_per_generation=accumulation,
+        **options,
     )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
-
-
-def loss_and_gradients(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, dict(inputs))
-    loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize(

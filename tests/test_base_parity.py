@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import loss_and_gradients, make_grpo_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
@@ -40,14 +40,6 @@ def build_pair(path, tokenizer, tmp_path, **options):
         trainer.current_gradient_accumulation_steps = ACCUMULATION
         trainers.append(trainer)
     return trainers
-
-
-def loss_and_gradients(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, dict(inputs))
-    loss.backward()
-    gradients = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
-    return loss.detach(), gradients
 
 
 def assert_same_step(trl_trainer, our_trainer, inputs):

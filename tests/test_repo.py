@@ -7,8 +7,16 @@ import os
 
 import pytest
 import torch
-from conftest import make_grpo_batch
-from transformers import TrainerCallback
+from conftest import (
+    build_trainer,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_entropy,
+    set_sync,
+    split_batch,
+    train_toy,
+    varied_batch,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.repo import (
@@ -18,7 +26,6 @@ from trl_entropy.repo import (
     repo_advantages,
     repo_controller_step,
 )
-from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -241,51 +248,6 @@ def test_controller_with_a_given_target_moves_on_the_first_step():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
-    args = config_class(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        gradient_accumulation_steps=accumulation,
-        **options,
-    )
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8, seed=0),
-        processing_class=tokenizer,
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
-
-
-def set_sync(trainer, sync):
-    trainer.accelerator.gradient_state._set_sync_gradients(sync)
-
-
-def naive_entropy(model, inputs):
-    """Per-token full entropy of the completion from the full logits in float64 (temperature 1)."""
-    with torch.no_grad():
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-    log_probs = torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def loss_and_gradients(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, dict(inputs))
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize(
     "variant, centering, beta, loss_type, level",
     [
@@ -332,26 +294,6 @@ def test_loss_equals_grpo_trainer_with_repo_advantages(
     assert ours.controllers["repo"].beta == beta
 
 
-def split_batch(inputs):
-    """Two half micro-batches of a GRPO micro-batch (rows 0..B/2 and B/2..B)."""
-    half = inputs["prompt_ids"].size(0) // 2
-    halves = []
-    for rows in (slice(0, half), slice(half, None)):
-        part = {k: (v[rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
-        part["num_items_in_batch"] = inputs["num_items_in_batch"]
-        halves.append(part)
-    return halves
-
-
-def varied_batch(model, vocab_size, seed):
-    """A batch of 8 whose halves hold different numbers of valid tokens (so a mean of means would differ)."""
-    inputs = make_grpo_batch(model, vocab_size, batch=8, seed=seed)
-    inputs["completion_mask"][4 + seed % 4, 2:] = 0
-    inputs["completion_mask"][5, 1:] = 0
-    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
-    return inputs
-
-
 def test_target_is_the_first_optimizer_steps_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
     trainer = build_trainer(
         REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.1
@@ -396,44 +338,9 @@ def test_accumulation_of_two_half_batches_gives_the_same_trajectory(toy_model_pa
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class RecordControllerState(TrainerCallback):
-    """Records the controllers' state when training begins (after a resumed checkpoint has been loaded)."""
-
-    def __init__(self):
-        self.trainer, self.state = None, None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.state = {name: c.state_dict() for name, c in self.trainer.controllers.items()}
-
-
-def train_toy(path, output_dir, resume=None, **options):
-    args = REPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=4,
-        save_steps=2,
-        logging_steps=1,
-        learning_rate=5e-4,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        **options,
-    )
-    trainer = REPOTrainer(model=path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(64, seed=0))
-    recorder = RecordControllerState()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
-    trainer.train(resume_from_checkpoint=resume)
-    logs = {entry["step"]: entry for entry in trainer.state.log_history if "repo/beta" in entry}
-    return trainer, recorder, logs
-
-
 def test_train_checkpoint_and_resume(warm_toy_policy_path, tmp_path):
     options = dict(repo_variant="R", repo_beta=0.02, repo_beta_step=0.05)
-    trainer, _, logs = train_toy(warm_toy_policy_path, tmp_path, **options)
+    trainer, _, logs = train_toy(REPOTrainer, REPOConfig, warm_toy_policy_path, tmp_path, "repo/beta", **options)
     assert sorted(logs) == [1, 2, 3, 4]
     target = logs[1]["repo/entropy_target"]
     assert 0 < target < math.log(len(trainer.processing_class))
@@ -454,7 +361,9 @@ def test_train_checkpoint_and_resume(warm_toy_policy_path, tmp_path):
         saved = json.load(file)
     assert saved == {"repo": {"beta": pytest.approx(logs[2]["repo/beta"]), "entropy_target": target, "last_step": 2}}
 
-    resumed, recorder, resumed_logs = train_toy(warm_toy_policy_path, tmp_path / "resumed", checkpoint, **options)
+    resumed, recorder, resumed_logs = train_toy(
+        REPOTrainer, REPOConfig, warm_toy_policy_path, tmp_path / "resumed", "repo/beta", checkpoint, **options
+    )
     assert recorder.state == saved  # restored exactly, before the first resumed step
     assert sorted(resumed_logs) == [1, 2, 3, 4]  # steps 1-2 come from the checkpoint's trainer state
     entropy = resumed_logs[3]["entropy"]
