@@ -1,0 +1,103 @@
+"""What every trainer offers as a drop-in `trl.GRPOTrainer`: a plain `GRPOConfig` as `args`, and `evaluate()`."""
+
+import logging
+from dataclasses import fields
+
+import pytest
+import torch
+from transformers import set_seed
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_entropy import EntropyGRPOConfig
+from trl_entropy.methods import METHODS
+from trl_entropy.toy import build_toy_dataset, toy_reward
+
+
+# One entry per trainer class (REPO-R and REPO-D share one, EntReg is the base with a bonus).
+TRAINERS = {m.trainer_class.__name__: m for m in METHODS.values()}
+COMMON = dict(
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=6,
+    report_to=[],
+    use_cpu=True,
+    bf16=False,
+    seed=0,
+)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINERS))
+def test_a_plain_grpo_config_trains_every_trainer(name, warm_toy_policy_path, toy_tokenizer, tmp_path, caplog):
+    method = TRAINERS[name]
+    # Built first: creating training arguments resets accelerate's state, which a built trainer relies on.
+    defaults = method.config_class(output_dir=str(tmp_path), **COMMON)
+    grpo_args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, learning_rate=5e-4, **COMMON)
+    with caplog.at_level(logging.WARNING, logger="trl_entropy.base"):
+        trainer = method.trainer_class(
+            model=warm_toy_policy_path,
+            reward_funcs=toy_reward,
+            args=grpo_args,
+            train_dataset=build_toy_dataset(16, seed=0),
+            processing_class=toy_tokenizer,
+        )
+    notices = [r for r in caplog.records if f"built a {method.config_class.__name__} from the GRPOConfig" in r.message]
+    assert len(notices) == 1
+    args = trainer.args
+    assert type(args) is method.config_class
+    # The fields the user changed keep their values ...
+    for field, value in dict(max_steps=1, learning_rate=5e-4, **COMMON).items():
+        assert getattr(args, field) == value, field
+    # ... and the rest take the method's defaults, its own fields and the GRPOConfig fields it redefines alike.
+    for field in fields(method.config_class):
+        if field.init and field.name not in COMMON and field.name not in ("max_steps", "learning_rate"):
+            assert getattr(args, field.name) == getattr(defaults, field.name), field.name
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_another_methods_config_is_refused(toy_model_path, toy_tokenizer, tmp_path):
+    aent, repo = METHODS["aent"], METHODS["repo_r"]
+    with pytest.raises(TypeError, match=r"needs `args` of type REPOConfig \(or a plain GRPOConfig\), got AEntConfig"):
+        repo.trainer_class(
+            model=toy_model_path,
+            reward_funcs=toy_reward,
+            args=aent.config_class(output_dir=str(tmp_path), **COMMON),
+            processing_class=toy_tokenizer,
+        )
+
+
+def evaluate(trainer_class, config_class, path, tokenizer, output_dir, **options):
+    set_seed(0)
+    trainer = trainer_class(
+        model=path,
+        reward_funcs=toy_reward,
+        args=config_class(output_dir=str(output_dir), per_device_eval_batch_size=8, **COMMON, **options),
+        train_dataset=build_toy_dataset(16, seed=0),
+        eval_dataset=build_toy_dataset(8, seed=1, split="test"),
+        processing_class=tokenizer,
+    )
+    controllers = {name: c.state_dict() for name, c in getattr(trainer, "controllers", {}).items()}
+    metrics = trainer.evaluate()
+    return trainer, controllers, metrics
+
+
+def test_evaluate_equals_grpo_trainer(warm_toy_policy_path, toy_tokenizer, tmp_path):
+    """With control off, evaluation (generation, rewards, loss) is TRL's, value for value."""
+    _, _, ours = evaluate(
+        METHODS["grpo"].trainer_class, EntropyGRPOConfig, warm_toy_policy_path, toy_tokenizer, tmp_path / "ours"
+    )
+    _, _, trl = evaluate(GRPOTrainer, GRPOConfig, warm_toy_policy_path, toy_tokenizer, tmp_path / "trl")
+    for key in ("eval_loss", "eval_reward", "eval_entropy"):
+        assert ours[key] == pytest.approx(trl[key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_evaluate_works_for_every_method_and_moves_no_controller(method, warm_toy_policy_path, toy_tokenizer, tmp_path):
+    spec = METHODS[method]
+    trainer, controllers, metrics = evaluate(
+        spec.trainer_class, spec.config_class, warm_toy_policy_path, toy_tokenizer, tmp_path, **spec.defaults
+    )
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+    assert 0 < metrics["eval_entropy"]
+    assert {name: c.state_dict() for name, c in trainer.controllers.items()} == controllers
