@@ -16,23 +16,44 @@ setup(
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # TRL 1.16's own requirement
     # `kernels/` ships as `trl_entropy.kernels`, never as a top-level `kernels` module: that name belongs to the
     # Hugging Face `kernels` package, which transformers imports when it is installed.
     packages=["trl_entropy", "trl_entropy.kernels"],
     package_dir={"trl_entropy": "trl_entropy", "trl_entropy.kernels": "kernels"},
+    # Exactly what the library imports. Lower bounds: TRL 1.16's own (accelerate, datasets); torch 2.8 is the first
+    # whose Triton (3.4) has `triton.knobs`, which the Triton backend uses. Triton itself is not declared: CUDA builds
+    # of torch bring it, and on a CPU machine the PyTorch backend runs without it.
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.8",
         TRL_REQUIREMENT,
         "transformers>=5.0",
-        "peft>=0.17",
-        "accelerate>=1.4",
-        "datasets>=3.0",
-        "liger-kernel>=0.6",
+        "accelerate>=1.10.1",
+        "datasets>=4.7",
         "tokenizers>=0.21",
+        "packaging",
     ],
     extras_require={
+        # LoRA (`peft_config`, `--use_peft`): only LoRA users need peft, and the library never imports it itself.
+        "peft": ["peft>=0.17"],
+        # DeepSpeed ZeRO-2/3; DeepSpeed needs einops and pydantic at import time without declaring them.
+        "deepspeed": ["deepspeed>=0.18.6", "einops", "pydantic>=2"],
+        # Liger's layer kernels (`use_liger_kernel=True`, on a GPU) and the kernel benchmark's Liger comparison.
+        "liger": ["liger-kernel>=0.8.2"],
         "vllm": ["vllm"],
-        "dev": ["pytest>=8", "build", "wheel", "matplotlib", "pyyaml"],
+        # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison.
+        "dev": [
+            "pytest>=8",
+            "build",
+            "wheel",
+            "matplotlib",
+            "pyyaml",
+            "triton>=3.4",
+            "peft>=0.17",
+            "deepspeed>=0.18.6",
+            "einops",
+            "pydantic>=2",
+            "liger-kernel>=0.8.2",
+        ],
     },
 )

@@ -5,6 +5,12 @@ through whatever wraps the model (DDP, FSDP, DeepSpeed, PEFT) and gradient synch
 with ``entropy_head=EntropyHeadRequest(...)`` the forward runs the backbone only, then the kernel on the completion
 positions whose mask is set; the ``(tokens × vocabulary)`` logits never exist. Without it, the forward is the
 previous one, so generation and TRL's own fused head keep working.
+
+The head scores the policy the model samples from: its logits are rescaled (``logit_scale`` and its aliases) and
+soft-capped (``final_logit_softcapping``) as the model does it, both read the way TRL 1.16's fused head reads them.
+The LM-head weight is made whole for the kernel: a DTensor (FSDP2) through ``full_tensor()``, a ZeRO-3 partition
+through TRL's ``maybe_gather_lm_head_ctx`` (the kernel gathers it again in its recomputing backward). For a
+Mixture-of-Experts model the forward also returns the router load-balancing loss, computed as TRL computes it.
 """
 
 import functools
@@ -12,7 +18,9 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers.utils import ModelOutput
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from trl_entropy.kernels import chunked_logprob_entropy
 
@@ -26,12 +34,14 @@ class EntropyHeadRequest:
         clamp_fraction: fraction of the vocabulary (smallest logits) dropped for the clamped entropy; 0 skips it.
         chunk_size: kernel chunk size in tokens (None: the kernel's default).
         backend: kernel backend, "auto", "torch" or "triton".
+        compute_aux_loss: also return the MoE router load-balancing loss (the model must have a router).
     """
 
     logits_to_keep: int
     clamp_fraction: float = 0.0
     chunk_size: int | None = None
     backend: str = "auto"
+    compute_aux_loss: bool = False
 
 
 @dataclass
@@ -41,6 +51,36 @@ class EntropyHeadOutput(ModelOutput):
     log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     clamped_entropy: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None  # the router load-balancing loss, when requested
+
+
+def logit_transform(text_config) -> tuple[float, float | None]:
+    """``(logit_scale, final_logit_softcapping)`` of a model's logits, read as TRL 1.16's fused head reads them.
+
+    The scale multiplies the LM-head output. Its attribute depends on the family: ``logit_scale`` (Cohere; None means
+    unscaled), ``output_multiplier``, ``lm_head_multiplier`` (Falcon-H1), else ``logits_scaling``, which Granite and
+    MiniCPM3 divide by and HyperCLOVA X multiplies by. The first attribute that is set wins.
+    """
+    scale = None
+    for attribute in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        scale = getattr(text_config, attribute, None)
+        if scale is not None:
+            break
+    divisor = getattr(text_config, "logits_scaling", None)
+    if scale is None and divisor is not None:
+        scale = divisor if text_config.model_type == "hyperclovax" else 1 / divisor
+    return (1.0 if scale is None else float(scale)), getattr(text_config, "final_logit_softcapping", None)
+
+
+def router_load_balancing_loss(model, router_logits, attention_mask) -> torch.Tensor:
+    """The MoE load-balancing loss of one forward, with the function and expert counts TRL 1.16 uses."""
+    # Mixtral's loss is the one every MoE family in transformers shares.
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    text_config = model.config.get_text_config()
+    return load_balancing_loss_func(
+        router_logits, text_config.num_experts, text_config.num_experts_per_tok, attention_mask
+    )
 
 
 def unsupported_head_reason(model) -> str | None:
@@ -50,18 +90,6 @@ def unsupported_head_reason(model) -> str | None:
             f"{type(model).__name__} has no output embedding (`get_output_embeddings()` is None): the entropy head "
             "needs the LM-head weight to compute log-probs and entropies"
         )
-    text_config = model.config.get_text_config()
-    if getattr(text_config, "final_logit_softcapping", None) is not None:
-        return (
-            f"{type(model).__name__} soft-caps its logits (`final_logit_softcapping`); the entropy kernel computes "
-            "log-probs and entropies of the uncapped logits, so it would score a different policy"
-        )
-    for scale_attribute in ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
-        if getattr(text_config, scale_attribute, None) not in (None, 1, 1.0):
-            return (
-                f"{type(model).__name__} rescales its logits (`{scale_attribute}`); the entropy kernel does not apply "
-                "that scale, so it would score a different policy"
-            )
     return None
 
 
@@ -71,6 +99,11 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
     if reason is not None:
         raise ValueError(reason)
     previous_forward = model.forward
+    logit_scale, final_logit_softcapping = logit_transform(model.config.get_text_config())
+    # TEMPORARY until the kernel takes these arguments (lead removes this before the end of the session).
+    transform = {}
+    if logit_scale != 1.0 or final_logit_softcapping is not None:
+        transform = {"logit_scale": logit_scale, "final_logit_softcapping": final_logit_softcapping}
 
     @functools.wraps(type(model).forward)  # `generate` validates its kwargs against this signature
     def forward(self, *args, entropy_head: EntropyHeadRequest | None = None, **kwargs):
@@ -78,8 +111,11 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
             return previous_forward(*args, **kwargs)
         input_ids, attention_mask = kwargs["input_ids"], kwargs["attention_mask"]
         kwargs["use_cache"] = False
+        if entropy_head.compute_aux_loss:
+            kwargs["output_router_logits"] = True
         # The backbone and head are looked up on every call: PEFT and FSDP replace modules after patching.
-        hidden_states = self.base_model(*args, **kwargs).last_hidden_state
+        backbone_outputs = self.base_model(*args, **kwargs)
+        hidden_states = backbone_outputs.last_hidden_state
         keep = entropy_head.logits_to_keep
         # The state at position j predicts token j + 1.
         hidden_states = hidden_states[:, -keep - 1 : -1]
@@ -88,6 +124,12 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         lm_head = self.get_output_embeddings()
         # PEFT wrappers of the head (e.g. for `trainable_token_indices`) expose `weight` but may have no `bias`.
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        # FSDP2 shards the head as DTensors; the kernel multiplies plain tensors. `full_tensor()` all-gathers the
+        # weight here and reduce-scatters its gradient in the backward.
+        if isinstance(weight, DTensor):
+            weight = weight.full_tensor()
+        if isinstance(bias, DTensor):
+            bias = bias.full_tensor()
         device = weight.device.type
         hidden_states, mask, targets = (
             hidden_states.to(weight.device),
@@ -102,7 +144,8 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
             compute_dtype = torch.get_autocast_dtype(device)
         else:
             compute_dtype = weight.dtype
-        with torch.autocast(device, enabled=False):
+        # Under ZeRO-3 the head's own gather hook never fires (the module is not called): gather its parameters here.
+        with torch.autocast(device, enabled=False), maybe_gather_lm_head_ctx(weight, bias):
             per_token = chunked_logprob_entropy(
                 hidden_states[mask].to(compute_dtype),
                 weight.to(compute_dtype),
@@ -112,15 +155,20 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
                 clamp_fraction=entropy_head.clamp_fraction,
                 chunk_size=entropy_head.chunk_size,
                 backend=entropy_head.backend,
+                **transform,
             )
         # `masked_scatter` keeps an all-masked micro-batch connected to the graph (a differentiable zero).
         log_probs, entropy, clamped_entropy = (
             mask.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, x) for x in per_token
         )
+        aux_loss = None
+        if entropy_head.compute_aux_loss:
+            aux_loss = router_load_balancing_loss(self, backbone_outputs.router_logits, attention_mask)
         return EntropyHeadOutput(
             log_probs=log_probs,
             entropy=entropy,
             clamped_entropy=clamped_entropy if entropy_head.clamp_fraction > 0 else None,
+            aux_loss=aux_loss,
         )
 
     model.forward = types.MethodType(forward, model)
