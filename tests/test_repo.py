@@ -1,9 +1,9 @@
-"""REPO-D and REPO-R: per-token advantages, the entropy-bonus equivalence, the β controller, the trainer's loss against
-trl.GRPOTrainer, checkpoints, gradient accumulation and an end-to-end run on the toy task."""
+"""REPO-D and REPO-R: per-token advantages, the entropy-bonus equivalence, the β controller, the trainer's loss and
+gradients against trl.GRPOTrainer fed the SPEC's advantages. Checkpoints: tests/test_resume.py; accumulation and cycle
+timing: tests/test_accumulation.py; invalid config values: tests/test_bad_input.py."""
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -12,71 +12,32 @@ from conftest import (
     loss_and_gradients,
     make_grpo_batch,
     naive_entropy,
+    naive_log_probs,
     set_sync,
     split_batch,
-    train_toy,
     varied_batch,
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.repo import (
-    REPOConfig,
-    REPOController,
-    REPOTrainer,
-    repo_advantages,
-    repo_controller_step,
-)
+from trl_entropy.repo import REPOConfig, REPOController, REPOTrainer, repo_advantages
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Config
+# Config (invalid values: tests/test_bad_input.py)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def make_config(tmp_path, **options):
-    return REPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], **options)
-
-
-def test_config_defaults_resolve_from_the_variant(tmp_path):
-    config = make_config(tmp_path)
-    assert (config.repo_variant, config.repo_centering, config.repo_beta, config.entropy_target) == (
-        "R",
-        "none",
-        0,
-        None,
-    )
-    assert (config.repo_beta_step, config.repo_beta_max) == (1e-2, 0.5)
-    config = make_config(tmp_path, repo_variant="D")
-    assert (config.repo_beta_step, config.repo_beta_max) == (1e-3, 0.05)
-    config = make_config(tmp_path, repo_variant="D", repo_beta_step=0.2, repo_beta_max=0.7, repo_beta=-0.7)
-    assert (config.repo_beta_step, config.repo_beta_max, config.repo_beta) == (0.2, 0.7, -0.7)
-
-
-@pytest.mark.parametrize(
-    "options, field_name",
-    [
-        ({"repo_variant": "X"}, "repo_variant"),
-        ({"repo_variant": "d"}, "repo_variant"),
-        ({"repo_centering": "mean"}, "repo_centering"),
-        ({"repo_beta_step": 0.0}, "repo_beta_step"),
-        ({"repo_beta_step": -0.1}, "repo_beta_step"),
-        ({"repo_beta_step": math.inf}, "repo_beta_step"),
-        ({"repo_beta_max": 0.0}, "repo_beta_max"),
-        ({"repo_beta_max": math.nan}, "repo_beta_max"),
-        ({"repo_beta": 0.6}, "repo_beta"),  # REPO-R's default maximum is 0.5
-        ({"repo_beta": -0.06, "repo_variant": "D"}, "repo_beta"),  # REPO-D's default maximum is 0.05
-        ({"repo_beta": math.nan}, "repo_beta"),
-        ({"entropy_target": 0.0}, "entropy_target"),
-        ({"entropy_target": -1.0}, "entropy_target"),
-        ({"entropy_target": math.inf}, "entropy_target"),
-        ({"entropy_coef": 0.01}, "entropy_coef"),
-        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
-        ({"loss_type": "cispo"}, "loss_type"),
-    ],
-)
-def test_config_rejects_bad_values_naming_the_field(tmp_path, options, field_name):
-    with pytest.raises(ValueError, match=field_name):
-        make_config(tmp_path, **options)
+def test_config_defaults_are_the_papers_range_for_both_variants(tmp_path):
+    for variant in ("R", "D"):  # REPO-R's range is the paper's; REPO-D's is ours
+        config = REPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], repo_variant=variant)
+        assert (config.repo_centering, config.repo_beta, config.repo_beta_min, config.repo_beta_max) == (
+            "none",
+            0.0,
+            1e-4,
+            0.05,
+        )
+        assert config.repo_entropy_target is None and config.repo_keep_advantage_sign is True
+        assert config.entropy_target == GRPOConfig.entropy_target  # TRL's own field keeps TRL's default and meaning
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -84,22 +45,30 @@ def test_config_rejects_bad_values_naming_the_field(tmp_path, options, field_nam
 # ---------------------------------------------------------------------------------------------------------------------
 
 ADVANTAGES = [1.5, -0.5, 0.0]  # one per sequence
-LOG_PROBS = [[-0.1, -2.0, -0.7], [-3.0, -0.2, -1.1], [-0.4, -5.0, -0.05]]
+LOG_PROBS = [[-0.1, -6.0, -0.7], [-4.0, -0.2, -1.1], [-0.4, -5.0, -0.05]]
 ENTROPIES = [[0.3, 1.2, 0.8], [2.0, 0.1, 0.9], [0.5, 3.0, 0.2]]
+
+
+def spec_repo_advantage(advantage, log_prob, entropy, beta, variant, centering, keep_sign):
+    """SPEC v2, REPO: A' = A − β ζ; ζ = ℓ^s − c (D) or |A|(ℓ^s − c) (R), c = 0 or −H; REPO-R written as
+    A(1 − β sign(A)(ℓ^s − c)) with the factor clamped at 0 when the sign is kept."""
+    centred = log_prob - (0.0 if centering == "none" else -entropy)
+    if variant == "D":
+        return advantage - beta * centred
+    sign = (advantage > 0) - (advantage < 0)
+    factor = 1 - beta * sign * centred
+    return advantage * (max(factor, 0.0) if keep_sign else factor)
 
 
 @pytest.mark.parametrize("variant", ["D", "R"])
 @pytest.mark.parametrize("centering", ["none", "entropy"])
 @pytest.mark.parametrize("beta", [0.3, -0.2])
-def test_repo_advantages_follow_the_formula(variant, centering, beta):
-    expected = []
-    for advantage, log_probs, entropies in zip(ADVANTAGES, LOG_PROBS, ENTROPIES, strict=True):
-        row = []
-        for log_prob, entropy in zip(log_probs, entropies, strict=True):
-            centre = 0.0 if centering == "none" else -entropy  # c_t
-            zeta = (log_prob - centre) if variant == "D" else abs(advantage) * (log_prob - centre)
-            row.append(advantage - beta * zeta)
-        expected.append(row)
+@pytest.mark.parametrize("keep_sign", [True, False])
+def test_repo_advantages_follow_the_formula(variant, centering, beta, keep_sign):
+    expected = [
+        [spec_repo_advantage(a, lp, h, beta, variant, centering, keep_sign) for lp, h in zip(lps, hs, strict=True)]
+        for a, lps, hs in zip(ADVANTAGES, LOG_PROBS, ENTROPIES, strict=True)
+    ]
     result = repo_advantages(
         torch.tensor(ADVANTAGES, dtype=torch.float64).unsqueeze(1),
         torch.tensor(LOG_PROBS, dtype=torch.float64),
@@ -107,6 +76,7 @@ def test_repo_advantages_follow_the_formula(variant, centering, beta):
         beta,
         variant,
         centering,
+        keep_sign,
     )
     assert result.shape == (3, 3)
     torch.testing.assert_close(result, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
@@ -125,6 +95,16 @@ def test_repo_advantages_signs_on_explicit_numbers():
     expected_r = [[2.0 * 1.3, 2.0 * 1.01], [-2.0 * 0.7, -2.0 * 0.99]]
     torch.testing.assert_close(
         repo_advantages(advantages, log_probs, None, 0.1, "R"), torch.tensor(expected_r).double()
+    )
+    # REPO-R, β = 0.5: the rare incorrect token's factor 1 + 0.5·(−3) = −0.5 would turn its penalty into a reward;
+    # kept sign: 0; unclamped: −2 · −0.5 = +1.
+    expected_kept = [[2.0 * 2.5, 2.0 * 1.05], [0.0, -2.0 * 0.95]]
+    torch.testing.assert_close(
+        repo_advantages(advantages, log_probs, None, 0.5, "R"), torch.tensor(expected_kept).double()
+    )
+    expected_free = [[2.0 * 2.5, 2.0 * 1.05], [1.0, -2.0 * 0.95]]
+    torch.testing.assert_close(
+        repo_advantages(advantages, log_probs, None, 0.5, "R", keep_sign=False), torch.tensor(expected_free).double()
     )
     # REPO-R with entropy centring, H = 1: ℓ + H is −2 for the rare token and +0.9 for the common one, so the common
     # correct token is now damped (2 → 1.82) and the common incorrect one penalised more (−2 → −2.18).
@@ -201,64 +181,95 @@ def test_repo_d_expected_gradient_is_grpo_plus_entropy_bonus(centering):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_controller_step_function_on_explicit_cases():
-    # below target: d = +1; β > 0 keeps its sign
-    assert repo_controller_step(0.02, 0.9, 1.0, 0.01, 0.05) == pytest.approx(0.03)
-    # below target with β < 0: flip to +0.02, then + 0.01
-    assert repo_controller_step(-0.02, 0.9, 1.0, 0.01, 0.05) == pytest.approx(0.03)
-    # above target with β > 0: flip to −0.02, then − 0.01
-    assert repo_controller_step(0.02, 1.1, 1.0, 0.01, 0.05) == pytest.approx(-0.03)
-    # above target with β = 0: nothing to flip, −δ
-    assert repo_controller_step(0.0, 1.1, 1.0, 0.01, 0.05) == pytest.approx(-0.01)
-    # on target: d = 0, β unchanged (no flip)
-    assert repo_controller_step(-0.02, 1.0, 1.0, 0.01, 0.05) == -0.02
-    # clipping at ±β_max
-    assert repo_controller_step(0.045, 0.5, 1.0, 0.01, 0.05) == pytest.approx(0.05)
-    assert repo_controller_step(0.045, 1.5, 1.0, 0.01, 0.05) == pytest.approx(-0.05)
+def spec_beta_update(beta, entropy, target, beta_min, beta_max):
+    """SPEC v2, REPO controller, written out: d = +1 below the target, −1 above, 0 on it (no change). β doubles if
+    sign(β) = d; otherwise it halves, and becomes d·β_min if then |β| < β_min. Finally |β| is capped at β_max."""
+    d = 1 if entropy < target else (-1 if entropy > target else 0)
+    if d == 0:
+        return beta
+    if (beta > 0) - (beta < 0) == d:
+        beta = 2 * beta
+    else:
+        beta = beta / 2
+        if abs(beta) < beta_min:
+            beta = d * beta_min
+    return max(-beta_max, min(beta, beta_max))
 
 
-def test_controller_trajectory_on_a_scripted_entropy_sequence():
-    controller = REPOController(beta=0.005, beta_step=0.01, beta_max=0.05)
-    entropies = [1.0, 0.9, 1.1, 0.9, 1.2, 1.3, 1.4, 1.0, 0.99, 1.01]
-    # Step 1 measures H* = 1.0 (d = 0). Then, by hand: +δ; flip and −δ; flip and +δ; flip and −δ; −δ clipped to
-    # −0.05; stays clipped; d = 0; flip and +δ clipped; flip and −δ clipped.
-    expected = [0.005, 0.015, -0.025, 0.035, -0.045, -0.05, -0.05, -0.05, 0.05, -0.05]
-    betas = []
+@pytest.mark.parametrize("sign", [1, -1], ids=["entropy_below_target", "entropy_above_target"])
+def test_controller_trajectory_from_zero_doubling_cap_halving_and_flip(sign):
+    target = 1.0
+    # Ten cycles pushing one way, ten pushing the other, then one on target.
+    entropies = [target - 0.5 * sign] * 11 + [target + 0.5 * sign] * 10 + [target]
+    by_hand = (
+        [1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3, 3.2e-3, 6.4e-3, 1.28e-2, 2.56e-2]  # from β = 0: d·β_min, then doubling
+        + [0.05, 0.05]  # 5.12e-2 and 0.1 capped at β_max
+        + [0.025, 0.0125, 6.25e-3, 3.125e-3, 1.5625e-3, 7.8125e-4, 3.90625e-4, 1.953125e-4]  # halving
+        + [-1e-4]  # 9.765625e-5 < β_min: the sign flips to d·β_min
+        + [-2e-4]  # doubling the other way
+        + [-2e-4]  # on target: unchanged
+    )
+    controller = REPOController(beta=0.0, beta_min=1e-4, beta_max=0.05, entropy_target=target)
+    betas, spec_beta = [], 0.0
     for step, entropy in enumerate(entropies, start=1):
         controller.update(entropy, step)
         betas.append(controller.beta)
-        assert controller.metrics() == {"repo/beta": controller.beta, "repo/entropy_target": 1.0}
-    assert betas == pytest.approx(expected, abs=1e-12)
-    assert controller.state_dict() == {"beta": betas[-1], "entropy_target": 1.0, "last_step": 10}
+        spec_beta = spec_beta_update(spec_beta, entropy, target, 1e-4, 0.05)
+        assert controller.beta == pytest.approx(spec_beta, rel=1e-12), step
+        assert controller.metrics() == {"repo/beta": controller.beta, "repo/entropy_target": target}
+    assert betas == pytest.approx([sign * beta for beta in by_hand], rel=1e-12)
 
 
-def test_controller_with_a_given_target_moves_on_the_first_step():
-    controller = REPOController(beta=0.0, beta_step=0.01, beta_max=0.05, entropy_target=2.0)
-    controller.update(1.0, 1)  # below the given target: +δ
-    assert (controller.beta, controller.entropy_target) == (pytest.approx(0.01), 2.0)
-    controller.update(3.0, 2)  # above: flip to −0.01, then −δ
-    assert controller.beta == pytest.approx(-0.02)
-    restored = REPOController(beta=0.0, beta_step=0.01, beta_max=0.05)
+def test_controller_measures_its_target_on_the_first_cycle_and_round_trips():
+    controller = REPOController(beta=0.0, beta_min=1e-4, beta_max=0.05)
+    assert math.isnan(controller.metrics()["repo/entropy_target"])
+    controller.update(0.8, 1)  # measures H* = 0.8; d = 0: β stays 0
+    assert (controller.beta, controller.entropy_target) == (0.0, 0.8)
+    controller.update(0.9, 2)  # above the target: −β_min
+    assert controller.beta == -1e-4
+    restored = REPOController(beta=0.0, beta_min=1e-4, beta_max=0.05)
     restored.load_state_dict(json.loads(json.dumps(controller.state_dict())))
-    assert restored.state_dict() == controller.state_dict()
+    assert restored.state_dict() == controller.state_dict() == {"beta": -1e-4, "entropy_target": 0.8}
+    for entropy in (0.9, 0.7):
+        controller.update(entropy, 3)
+        restored.update(entropy, 3)
+        assert restored.beta == controller.beta
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Trainer: loss against trl.GRPOTrainer, the first-step target, gradient accumulation
+# Trainer: loss and gradients against trl.GRPOTrainer fed the SPEC's advantages, the first cycle's target
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def spec_advantages(model, inputs, beta, variant, centering, keep_sign, sampled_log_probs=None):
+    """The SPEC's A'_t in float64, ℓ^s being this forward pass's log-prob (the float64 model's) unless given."""
+    if sampled_log_probs is None:
+        sampled_log_probs = naive_log_probs(model, inputs)
+    entropy = naive_entropy(model, inputs)
+    rows = []
+    for i, advantage in enumerate(inputs["advantages"].double().tolist()):
+        rows.append(
+            [
+                spec_repo_advantage(advantage, lp, h, beta, variant, centering, keep_sign)
+                for lp, h in zip(sampled_log_probs[i].tolist(), entropy[i].tolist(), strict=True)
+            ]
+        )
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 @pytest.mark.parametrize(
-    "variant, centering, beta, loss_type, level",
+    "variant, centering, beta, keep_sign, loss_type, level",
     [
-        ("D", "none", 0.04, "grpo", "token"),
-        ("D", "entropy", -0.05, "dapo", "token"),
-        ("R", "none", 0.3, "dapo", "sequence"),
-        ("R", "entropy", 0.45, "bnpo", "token"),
+        ("D", "none", 0.04, True, "grpo", "token"),
+        ("D", "entropy", -0.05, True, "dapo", "token"),
+        ("R", "none", 0.5, True, "dapo", "sequence"),
+        ("R", "none", -0.6, True, "grpo", "token"),
+        ("R", "none", 0.45, False, "bnpo", "token"),
+        ("R", "entropy", 4.0, True, "grpo", "token"),  # ℓ + H is small on the toy model: a large β clamps
     ],
 )
-def test_loss_equals_grpo_trainer_with_repo_advantages(
-    toy_model_path, toy_tokenizer, tmp_path, variant, centering, beta, loss_type, level
+def test_loss_and_gradients_equal_grpo_trainer_with_the_specs_advantages(
+    toy_model_path, toy_tokenizer, tmp_path, variant, centering, beta, keep_sign, loss_type, level
 ):
     options = dict(loss_type=loss_type, importance_sampling_level=level)
     trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
@@ -271,105 +282,52 @@ def test_loss_equals_grpo_trainer_with_repo_advantages(
         repo_variant=variant,
         repo_centering=centering,
         repo_beta=beta,
+        repo_beta_max=5.0,
+        repo_keep_advantage_sign=keep_sign,
         **options,
     )
-    inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=7)
-    # The SPEC formula, written out: A'_t = A − β ζ_t with ℓ^s = the rollout log-probs, c_t = 0 or −H_t.
-    advantage = inputs["advantages"].double().unsqueeze(1)
-    centre = -naive_entropy(trl_trainer.model, inputs) if centering == "entropy" else 0.0
-    centred = inputs["old_per_token_logps"].double() - centre
-    zeta = centred if variant == "D" else advantage.abs() * centred
-    trl_inputs = dict(inputs, advantages=(advantage - beta * zeta).float())
+    inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=7)  # rollout log-probs = current + noise
+    expected = spec_advantages(trl_trainer.model, inputs, beta, variant, centering, keep_sign)
 
-    set_sync(ours, False)  # within an accumulation window: β stays at its initial value
+    set_sync(ours, False)  # within a cycle: β stays at its initial value
     our_loss, our_grads = loss_and_gradients(ours, inputs)
-    trl_loss, trl_grads = loss_and_gradients(trl_trainer, trl_inputs)
+    trl_loss, trl_grads = loss_and_gradients(trl_trainer, dict(inputs, advantages=expected.float()))
     torch.testing.assert_close(our_loss, trl_loss, rtol=1e-5, atol=1e-7)
     assert set(our_grads) == set(trl_grads)
     for name in trl_grads:
-        torch.testing.assert_close(our_grads[name], trl_grads[name], rtol=1e-4, atol=1e-7, msg=name)
-    # The comparison has power: GRPO's own advantages give another loss.
-    plain_loss, _ = loss_and_gradients(trl_trainer, inputs)
-    assert abs(plain_loss.item() - our_loss.item()) > 1e-4
+        torch.testing.assert_close(our_grads[name], trl_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert ours.controllers["repo"].beta == beta
 
+    # The comparison has power: GRPO's own advantages, ℓ^s taken from the rollout, and (REPO-R) the other choice of
+    # the sign clamp each give another loss.
+    others = [
+        inputs["advantages"].double().unsqueeze(1).expand_as(expected),
+        spec_advantages(
+            trl_trainer.model, inputs, beta, variant, centering, keep_sign, inputs["old_per_token_logps"].double()
+        ),
+    ]
+    if variant == "R":
+        others.append(spec_advantages(trl_trainer.model, inputs, beta, variant, centering, not keep_sign))
+    for other in others:
+        other_loss, _ = loss_and_gradients(trl_trainer, dict(inputs, advantages=other.float()))
+        assert abs(other_loss.item() - our_loss.item()) > 1e-4
 
-def test_target_is_the_first_optimizer_steps_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
+
+def test_target_is_the_first_cycles_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
     trainer = build_trainer(
-        REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.1
+        REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.04
     )
     inputs = varied_batch(trainer.model, len(toy_tokenizer), seed=0)
     first, second = split_batch(inputs)
     set_sync(trainer, False)
     trainer.compute_loss(trainer.model, first)
-    assert trainer.controllers["repo"].entropy_target is None  # mid-window: nothing measured yet
+    assert trainer.controllers["repo"].entropy_target is None  # mid-cycle: nothing measured yet
     set_sync(trainer, True)
     trainer.compute_loss(trainer.model, second)
     entropy, mask = naive_entropy(trainer.model, inputs), inputs["completion_mask"].double()
-    expected = ((entropy * mask).sum() / mask.sum()).item()  # token-weighted over the whole window
+    expected = ((entropy * mask).sum() / mask.sum()).item()  # token-weighted over the whole cycle
     controller = trainer.controllers["repo"]
     assert controller.entropy_target == pytest.approx(expected, rel=1e-5)
-    assert controller.beta == 0.1  # H̄ = H* on the first step: d = 0
+    assert controller.beta == 0.04  # H̄ = H* on the first cycle: d = 0
     assert trainer._metrics["train"]["repo/entropy_target"] == [controller.entropy_target]
-    assert trainer._metrics["train"]["repo/beta"] == [0.1]
-
-
-def test_accumulation_of_two_half_batches_gives_the_same_trajectory(toy_model_path, toy_tokenizer, tmp_path):
-    options = dict(repo_variant="D", repo_beta_step=0.01)
-    whole = build_trainer(REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path / "a", 1, **options)
-    halves = build_trainer(REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path / "b", 2, **options)
-    trajectory = []
-    for seed in range(5):
-        inputs = varied_batch(whole.model, len(toy_tokenizer), seed=seed)
-        set_sync(whole, True)
-        whole.compute_loss(whole.model, inputs)
-        for sync, part in zip((False, True), split_batch(inputs), strict=True):
-            set_sync(halves, sync)
-            halves.compute_loss(halves.model, part)
-        a, b = whole.controllers["repo"], halves.controllers["repo"]
-        assert b.entropy_target == pytest.approx(a.entropy_target, rel=1e-6)
-        assert b.beta == pytest.approx(a.beta, abs=1e-12)
-        trajectory.append(a.beta)
-    assert len(set(trajectory)) > 2, trajectory  # the controller moved
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# End to end: training on the toy task, checkpoint and resume
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def test_train_checkpoint_and_resume(warm_toy_policy_path, tmp_path):
-    options = dict(repo_variant="R", repo_beta=0.02, repo_beta_step=0.05)
-    trainer, _, logs = train_toy(REPOTrainer, REPOConfig, warm_toy_policy_path, tmp_path, "repo/beta", **options)
-    assert sorted(logs) == [1, 2, 3, 4]
-    target = logs[1]["repo/entropy_target"]
-    assert 0 < target < math.log(len(trainer.processing_class))
-    # One micro-batch per optimizer step: the target is step 1's logged mean entropy.
-    assert target == pytest.approx(logs[1]["entropy"], rel=1e-6)
-    assert logs[1]["repo/beta"] == pytest.approx(0.02)
-    beta = 0.02
-    for step in (1, 2, 3, 4):
-        assert logs[step]["repo/entropy_target"] == target
-        entropy = logs[step]["entropy"]
-        d = 1 if entropy < target else (-1 if entropy > target else 0)
-        beta = beta if step == 1 else min(max((-beta if beta * d < 0 else beta) + 0.05 * d, -0.5), 0.5)
-        assert logs[step]["repo/beta"] == pytest.approx(beta, abs=1e-9), step
-    assert math.isfinite(logs[4]["entropy/cov_logp_adv"])
-
-    checkpoint = os.path.join(tmp_path, "checkpoint-2")
-    with open(os.path.join(checkpoint, "trl_entropy_controllers.json")) as file:
-        saved = json.load(file)
-    assert saved == {"repo": {"beta": pytest.approx(logs[2]["repo/beta"]), "entropy_target": target, "last_step": 2}}
-
-    resumed, recorder, resumed_logs = train_toy(
-        REPOTrainer, REPOConfig, warm_toy_policy_path, tmp_path / "resumed", "repo/beta", checkpoint, **options
-    )
-    assert recorder.state == saved  # restored exactly, before the first resumed step
-    assert sorted(resumed_logs) == [1, 2, 3, 4]  # steps 1-2 come from the checkpoint's trainer state
-    entropy = resumed_logs[3]["entropy"]
-    d = 1 if entropy < target else -1
-    beta = saved["repo"]["beta"]
-    expected = min(max((-beta if beta * d < 0 else beta) + 0.05 * d, -0.5), 0.5)
-    assert resumed_logs[3]["repo/entropy_target"] == target  # not measured again
-    assert resumed_logs[3]["repo/beta"] == pytest.approx(expected, abs=1e-9)
-    assert resumed.controllers["repo"].last_step == 4
+    assert trainer._metrics["train"]["repo/beta"] == [0.04]

@@ -1,12 +1,17 @@
-"""ADAPO: adaptive asymmetric clipping on DAPO (seed 002, §5.2).
+"""ADAPO: adaptive asymmetric clipping on DAPO ("Entropy-Preserving Reinforcement Learning", Petrenko et al.,
+arXiv:2603.11682, §5.2).
 
 DAPO clips the importance ratio asymmetrically, ``clip(r, 1 − ε_low, 1 + ε_high)`` with ``ε_high > ε_low``: a larger
-``ε_high`` lets low-probability tokens with positive advantage grow further, which raises entropy (clip-high preserves
-entropy, seed 002 §3; seed 003). ADAPO keeps ``ε_low`` fixed and moves ``ε_high`` once per optimizer step so that the
-mean full entropy tracks a target: up by ``δ`` when the entropy is below the target, down by ``δ`` when above, clamped
-to ``[ε_high_min, ε_high_max]``. The target is the mean entropy of the first optimizer step unless given.
+``ε_high`` lets low-probability tokens with positive advantage grow further, which raises entropy (arXiv:2603.11682
+§3; Park et al., "Clip-Low Increases Entropy and Clip-High Decreases Entropy in Reinforcement Learning of Large
+Language Models", arXiv:2509.26114). ADAPO keeps ``ε_low`` fixed and moves ``ε_high`` once per generation cycle so that
+the mean full entropy tracks a target: up by ``δ`` when the entropy is below the target, down by ``δ`` when above,
+clamped to ``[ε_high_min, ε_high_max]``. The target is the mean entropy of the first cycle unless given. Clipping only
+binds where ratios leave 1, so ADAPO acts only off-policy (``num_iterations > 1`` or ``steps_per_generation >
+gradient_accumulation_steps``); on-policy its config warns.
 """
 
+import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -25,29 +30,28 @@ class ADAPOConfig(EntropyGRPOConfig):
         epsilon_high (`float`, *optional*, defaults to `0.28`):
             Initial ε_high (DAPO's value, paper). `epsilon` (ε_low, default 0.2) stays fixed.
         adapo_epsilon_high_step (`float`, *optional*, defaults to `0.01`):
-            Controller step δ of ε_high per optimizer step (ours).
+            Controller step δ of ε_high per generation cycle (ours).
         adapo_epsilon_high_min (`float`, *optional*, defaults to `0.1`):
             Lower bound of ε_high (ours).
         adapo_epsilon_high_max (`float`, *optional*, defaults to `0.5`):
             Upper bound of ε_high (ours).
-        entropy_target (`float` or `None`, *optional*, defaults to `None`):
-            Target mean full entropy H* (nats per token). `None` measures it on the first optimizer step (paper).
-            This replaces the meaning `GRPOConfig.entropy_target` has for TRL's adaptive entropy bonus, which ADAPO
-            rejects.
+        adapo_entropy_target (`float` or `None`, *optional*, defaults to `None`):
+            Target mean full entropy H* (nats per token). `None` measures it on the first generation cycle (paper).
     """
 
     supported_loss_types: ClassVar[tuple[str, ...]] = ("dapo",)
+    controls_clip_range: ClassVar[bool] = True
 
     epsilon_high: float | None = field(
         default=0.28,
         metadata={
-            "help": "Initial upper clip epsilon_high (DAPO's 0.28, paper); ADAPO moves it each optimizer step. "
+            "help": "Initial upper clip epsilon_high (DAPO's 0.28, paper); ADAPO moves it once per generation cycle. "
             "`epsilon` (epsilon_low) stays fixed."
         },
     )
     adapo_epsilon_high_step: float = field(
         default=0.01,
-        metadata={"help": "Step delta of epsilon_high per optimizer step (ours: the paper gives no value)."},
+        metadata={"help": "Step delta of epsilon_high per generation cycle (ours: the paper gives no value)."},
     )
     adapo_epsilon_high_min: float = field(
         default=0.1,
@@ -57,11 +61,11 @@ class ADAPOConfig(EntropyGRPOConfig):
         default=0.5,
         metadata={"help": "Upper bound of epsilon_high (ours: the paper's range did not survive extraction)."},
     )
-    entropy_target: float | None = field(
+    adapo_entropy_target: float | None = field(
         default=None,
         metadata={
             "help": "ADAPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the "
-            "first optimizer step. Not TRL's adaptive-entropy-bonus threshold: TRL's bonus is rejected with ADAPO."
+            "first generation cycle."
         },
     )
 
@@ -92,13 +96,22 @@ class ADAPOConfig(EntropyGRPOConfig):
             )
         if not (is_finite_number(self.epsilon) and 0 <= self.epsilon < 1):
             raise ValueError(f"epsilon (ADAPO's fixed epsilon_low) must lie in [0, 1), got {self.epsilon!r}.")
-        validate_entropy_target(self.entropy_target)
+        validate_entropy_target("adapo_entropy_target", self.adapo_entropy_target)
+        generate_every = self.steps_per_generation * self.num_iterations
+        if self.gradient_accumulation_steps % generate_every == 0:
+            warnings.warn(
+                "ADAPO with fully on-policy updates (gradient_accumulation_steps is a multiple of "
+                f"steps_per_generation * num_iterations = {generate_every}): every ratio is 1, so the clip never "
+                "binds and epsilon_high, the value ADAPO controls, has no effect; the loss is plain DAPO. Set "
+                "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for ADAPO to act.",
+                stacklevel=3,
+            )
 
 
 def adapo_controller_step(
     epsilon_high: float, mean_entropy: float, target: float, delta: float, minimum: float, maximum: float
 ) -> float:
-    """One step of ADAPO's controller (seed 002, §5.2).
+    """One update of ADAPO's controller (arXiv:2603.11682, §5.2).
 
     ``ε_high + δ`` if the mean entropy is below the target (allow more entropy increase), ``ε_high − δ`` if above
     (limit it), unchanged if equal; then clamped to ``[minimum, maximum]``.
@@ -108,7 +121,7 @@ def adapo_controller_step(
 
 
 class ADAPOController(EntropyTargetController):
-    """Moves ε_high so that the mean full entropy tracks the target (measured on the first optimizer step if None)."""
+    """Moves ε_high so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
 
     name = "adapo"
     value_name = "epsilon_high"
@@ -146,7 +159,7 @@ class ADAPOTrainer(EntropyGRPOTrainer):
                 args.adapo_epsilon_high_step,
                 args.adapo_epsilon_high_min,
                 args.adapo_epsilon_high_max,
-                args.entropy_target,
+                args.adapo_entropy_target,
             )
         ]
 

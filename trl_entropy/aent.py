@@ -1,4 +1,5 @@
-"""AEnt: a clamped-entropy bonus with an adaptive coefficient (seed 000, "On Entropy Control in LLM-RL Algorithms").
+"""AEnt: a clamped-entropy bonus with an adaptive coefficient ("On Entropy Control in LLM-RL Algorithms",
+arXiv:2509.03493).
 
 The loss of each micro-batch is
 
@@ -6,12 +7,13 @@ The loss of each micro-batch is
 
 where ``H^c_t`` is the entropy of the policy renormalised over the tokens left after dropping the ``floor(p·V)``
 smallest logits (the clamped entropy, computed by the fused kernel in the same pass as the log-probs), and ``λ``
-moves after every optimizer step (paper eq. 4.1, the reference AReaL recipe ``recipe/AEnt``):
+moves after every generation cycle (paper eq. 4.1, the reference AReaL recipe ``recipe/AEnt``):
 
     λ ← clip(λ − α · (min(0, H̄ − H_low) + max(0, H̄ − H_high)), λ_min, λ_max)
 
-with ``H̄`` the step's token-mean clamped entropy over the accumulation window and all ranks. ``λ`` rises while
-``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band.
+with ``H̄`` the cycle's token-mean clamped entropy over all its micro-batches and all ranks. ``λ`` rises while
+``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band. With TRL's ``top_entropy_quantile < 1`` the
+bonus averages over the tokens TRL's high-entropy filter keeps, as TRL's own bonus does.
 """
 
 from dataclasses import dataclass, field
@@ -47,11 +49,11 @@ def aent_coefficient_step(
 
 
 class AEntController(Controller):
-    """The AEnt coefficient ``λ``, moved by :func:`aent_coefficient_step` after each optimizer step.
+    """The AEnt coefficient ``λ``, moved by :func:`aent_coefficient_step` after each generation cycle.
 
-    The update applies only when ``adaptive`` is on and the optimizer step just completed is past ``warmup_steps``
-    (``step > warmup_steps``, 1-based). Its statistic is the mean clamped entropy, or the full entropy when the clamp
-    fraction is 0 (the two are then equal and the kernel computes only the latter).
+    The update applies only when ``adaptive`` is on and the optimizer step that ends the cycle is past
+    ``warmup_steps`` (``step > warmup_steps``, 1-based). Its statistic is the mean clamped entropy, or the full
+    entropy when the clamp fraction is 0 (the two are then equal and the kernel computes only the latter).
     """
 
     name = "aent"
@@ -133,7 +135,8 @@ class AEntConfig(EntropyGRPOConfig):
         aent_coef_max (`float`, *optional*, defaults to `3e-3`):
             Upper bound `λ_max` of the coefficient box.
         aent_warmup_steps (`int`, *optional*, defaults to `0`):
-            Optimizer steps during which `λ` stays at `λ_0`; it moves after each step whose index exceeds this.
+            Optimizer steps during which `λ` stays at `λ_0`; it moves after each generation cycle whose last optimizer
+            step's index exceeds this.
         aent_adaptive (`bool`, *optional*, defaults to `True`):
             Move `λ` with the controller; `False` keeps `λ = λ_0` for the whole run (the box is then unused).
     """
@@ -193,8 +196,8 @@ class AEntConfig(EntropyGRPOConfig):
         default=0,
         metadata={
             "help": "Optimizer steps during which the coefficient stays at aent_coef_init; it is updated after each "
-            "optimizer step whose 1-based index exceeds this. Default 0 from the reference implementation's "
-            "defaults (its example run used 29)."
+            "generation cycle whose last optimizer step's 1-based index exceeds this. Default 0 from the reference "
+            "implementation's defaults (its example run used 29)."
         },
     )
     aent_adaptive: bool = field(
@@ -257,7 +260,7 @@ class AEntTrainer(EntropyGRPOTrainer):
 
     Takes the same arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]. The clamped entropy comes out of
     the fused kernel in the same forward pass as the log-probs (no second forward, no full logits). Logs `aent/coef`
-    (the coefficient after each optimizer step), `entropy/clamped` and `entropy`.
+    (the coefficient at each optimizer step), `entropy/clamped` and `entropy`.
     """
 
     config_class: ClassVar[type] = AEntConfig
@@ -275,6 +278,8 @@ class AEntTrainer(EntropyGRPOTrainer):
         return self.args.aent_clamp_fraction
 
     def regulariser(self, batch: CompletionBatch) -> torch.Tensor:
-        """``−λ`` times the token mean of the clamped entropy over the micro-batch (full entropy when ``p = 0``)."""
+        """``−λ`` times the token mean of the clamped entropy over the micro-batch (full entropy when ``p = 0``), over
+        the tokens TRL's high-entropy filter keeps when ``top_entropy_quantile < 1``."""
         entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
-        return -self.aent_coef * masked_mean(entropy, batch.mask)
+        mask = batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
+        return -self.aent_coef * masked_mean(entropy, mask)

@@ -6,15 +6,15 @@ The base owns GRPO's loss step and exposes the hooks every entropy-control metho
 * ``clip_range()``                  ``(ε_low, ε_high)`` of the PPO clip;
 * ``per_token_policy_loss(batch, ratio, advantages)``  the per-token surrogate;
 * ``regulariser(batch)``            a scalar added to the loss (a token mean; the base scales it for accumulation);
-* ``build_controllers()``           the controllers moved at each optimizer-step boundary.
+* ``build_controllers()``           the controllers moved once per generation cycle.
 
-It also owns what every controller needs: its statistic summed over the accumulation window and all ranks, the
-update at the optimizer-step boundary, the controller values in the metrics, and the controller state in every
-checkpoint (restored by ``resume_from_checkpoint``). With no hook overridden it computes exactly
-``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``, ``use_adaptive_entropy``) included.
+It also owns what every controller needs: its statistic summed over the generation cycle and all ranks, the update at
+the optimizer step that ends the cycle, the controller values in the metrics, and the controller state in every
+checkpoint, pushed ones included (restored by ``resume_from_checkpoint``, also in the middle of a cycle). With no hook
+overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
+``use_adaptive_entropy``) included.
 """
 
-import json
 import math
 import os
 import warnings
@@ -28,12 +28,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from .controllers import Controller
+from .controllers import Controller, EntropyControlState
 from .diagnostics import covariance_from_moments, covariance_moments, masked_mean
 from .head import EntropyHeadRequest, install_entropy_head, unsupported_head_reason
 
 
-CONTROLLER_STATE_FILE = "trl_entropy_controllers.json"
+# The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.
+GENERATION_BATCH_FILE = "trl_entropy_generation_batch_{process_index}.pt"
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 
 
@@ -99,7 +100,7 @@ class CompletionBatch:
     clamped_entropy: torch.Tensor | None  # H^c_t when the method asks for it, differentiable
     mask: torch.Tensor  # m_t: completion mask times TRL's tool mask
     advantages: torch.Tensor  # A_t as TRL computed it, (B, 1)
-    inputs: dict
+    entropy_mask: torch.Tensor | None = None  # tokens TRL's high-entropy filter keeps (top_entropy_quantile < 1)
 
 
 class EntropyGRPOTrainer(GRPOTrainer):
@@ -130,8 +131,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if self.ref_model is not None:
             install_entropy_head(self.ref_model, self.temperature, args.cast_lm_head_to_fp32)
         self.controllers: dict[str, Controller] = {c.name: c for c in self.build_controllers()}
-        # [Σ m·statistic, Σ m] per controller statistic, summed over the micro-batches of one accumulation window.
-        self._controller_window: dict[str, torch.Tensor] = {}
+        # [Σ m·statistic, Σ m] per controller statistic, summed over the micro-batches of the current generation cycle,
+        # and the number of training micro-batches since the last controller update.
+        self._cycle_statistics: dict[str, torch.Tensor] = {}
+        self._cycle_micro_batches = 0
+        self.add_callback(EntropyControlState())  # carries the controller state into every checkpoint
 
     @staticmethod
     def _reject_unsupported(model, args) -> None:
@@ -155,7 +159,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def build_controllers(self) -> list[Controller]:
-        """The controllers this method moves at each optimizer-step boundary (none in plain GRPO)."""
+        """The controllers this method moves once per generation cycle (none in plain GRPO)."""
         return []
 
     def clamp_fraction(self) -> float:
@@ -281,7 +285,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
             clamped_entropy=clamped_entropy,
             mask=mask,
             advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
-            inputs=inputs,
         )
         token_advantages = self.per_token_advantages(batch)
 
@@ -289,6 +292,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropy, mask, 1 - self.top_entropy_quantile)
+        batch.entropy_mask = entropy_mask
 
         log_ratio = log_probs - batch.old_log_probs
         if self.importance_sampling_level == "sequence":
@@ -384,72 +388,131 @@ class EntropyGRPOTrainer(GRPOTrainer):
         return coefficient * masked_mean(entropy, mask)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Controllers: window statistics, update at the optimizer-step boundary, checkpoints
+    # Controllers: cycle statistics, one update per generation cycle, checkpoints
     # ------------------------------------------------------------------------------------------------------------
 
     def _accumulate_controller_statistics(self, batch: CompletionBatch) -> None:
+        """Add the micro-batch's ``[Σ m·statistic, Σ m]`` to the generation cycle's sums; at the optimizer step that
+        ends the cycle, update the controllers (SPEC "Controller statistics and timing").
+
+        A cycle is ``num_iterations · steps_per_generation`` micro-batches. The update happens at the first optimizer
+        step that ends together with a cycle: under TRL's defaults every optimizer step; with ``num_iterations = 2``
+        every second one; when one optimizer step spans several cycles, once per optimizer step.
+        """
         if not self.controllers:
             return
-        for statistic in {c.statistic for c in self.controllers.values()}:
+        for statistic in sorted({c.statistic for c in self.controllers.values()}):
             values = getattr(batch, statistic)
             if values is None:
                 raise RuntimeError(
                     f"a controller needs the {statistic!r} statistic, which this method does not compute"
                 )
             sums = torch.stack([(values.detach().float() * batch.mask).sum(), batch.mask.float().sum()])
-            previous = self._controller_window.get(statistic)
-            self._controller_window[statistic] = sums if previous is None else previous + sums
-        if self.accelerator.sync_gradients:
+            previous = self._cycle_statistics.get(statistic)
+            self._cycle_statistics[statistic] = sums if previous is None else previous + sums
+        self._cycle_micro_batches += 1
+        if not self.accelerator.sync_gradients:
+            return
+        if self._cycle_micro_batches % (self.args.steps_per_generation * self.num_iterations) == 0:
             self._update_controllers()
+        for controller in self.controllers.values():
+            for metric, value in controller.metrics().items():
+                self._metrics["train"][metric].append(value)
 
     def _update_controllers(self) -> None:
-        """Reduce the window sums across ranks, update every controller identically on each rank, log their values."""
-        names = sorted(self._controller_window)
-        totals = self.accelerator.reduce(torch.stack([self._controller_window[n] for n in names]), reduction="sum")
-        self._controller_window = {}
+        """Reduce the cycle's sums across ranks and update every controller identically on each rank."""
+        names = sorted(self._cycle_statistics)
+        totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
+        self._cycle_statistics, self._cycle_micro_batches = {}, 0
         means = {}
         for name, (total, count) in zip(names, totals.tolist(), strict=True):
             means[name] = total / count if count > 0 else math.nan
-        step = self.state.global_step + 1  # the optimizer step this window completes
+        step = self.state.global_step + 1  # the optimizer step that ends the cycle
         for controller in self.controllers.values():
             mean = means[controller.statistic]
             if math.isfinite(mean):
                 controller.update(mean, step)
             else:  # no valid token on any rank, or a non-finite statistic: hold the controller where it is
                 warnings.warn(
-                    f"optimizer step {step}: the {controller.statistic} statistic is {mean}; "
-                    f"controller {controller.name!r} keeps its value",
+                    f"generation cycle ending at optimizer step {step}: the {controller.statistic} statistic is "
+                    f"{mean}; controller {controller.name!r} keeps its value",
                     stacklevel=2,
                 )
-            for metric, value in controller.metrics().items():
-                self._metrics["train"][metric].append(value)
+
+    def _entropy_control_snapshot(self) -> dict:
+        """The controllers' state and the progress of the current generation cycle, for a checkpoint.
+
+        The cycle's partial sums are reduced across ranks here (every rank saves), so the snapshot is the same on every
+        rank; on resume process 0 takes them over and the others start from zero, which gives the same world sums.
+        """
+        names = sorted(self._cycle_statistics)
+        statistics = {}
+        if names:
+            totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
+            statistics = dict(zip(names, totals.tolist(), strict=True))
+        return {
+            "controllers": {name: controller.state_dict() for name, controller in self.controllers.items()},
+            "cycle_statistics": statistics,
+            "cycle_micro_batches": self._cycle_micro_batches,
+            "trl_step": self._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
+            "num_processes": self.accelerator.num_processes,
+        }
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.controllers and self.args.should_save:
+        # Everything goes into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub
+        # (push_to_hub) as its last step: the snapshot rides in trainer_state.json through the stateful callback.
+        snapshot = self._entropy_control_snapshot()
+        callback = next((c for c in self.callback_handler.callbacks if isinstance(c, EntropyControlState)), None)
+        if callback is None:
+            callback = EntropyControlState()
+            self.add_callback(callback)
+        callback.snapshot = snapshot
+        self.state.stateful_callbacks[type(callback).__name__] = callback.state()  # Trainer updates only known keys
+        if self._step % (self.args.steps_per_generation * self.num_iterations) != 0:
+            # Inside a generation cycle: the rest of the cycle trains on the buffered generation batch, which a fresh
+            # trainer would otherwise regenerate from the updated policy.
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            with open(os.path.join(folder, CONTROLLER_STATE_FILE), "w") as file:
-                json.dump({name: c.state_dict() for name, c in self.controllers.items()}, file, indent=2)
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, GENERATION_BATCH_FILE.format(process_index=self.accelerator.process_index))
+            torch.save(self._buffered_inputs, path)
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if not self.controllers or checkpoint is None:
+        if checkpoint is None:
             return
-        path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} is missing: the checkpoint holds no controller state for {type(self).__name__}, so resuming "
-                "would restart the controllers from their initial values"
-            )
-        with open(path) as file:
-            states = json.load(file)
-        missing = sorted(set(self.controllers) - set(states))
+        stored = self.state.stateful_callbacks.get(EntropyControlState.__name__) or {}
+        snapshot = stored.get("attributes", {}).get("snapshot")
+        if snapshot is None:
+            if self.controllers:
+                raise ValueError(
+                    f"{checkpoint} holds no entropy-control state (trainer_state.json, stateful_callbacks."
+                    f"{EntropyControlState.__name__}), so resuming {type(self).__name__} would restart the "
+                    f"controllers {sorted(self.controllers)} from their initial values"
+                )
+            return
+        missing = sorted(set(self.controllers) - set(snapshot["controllers"]))
         if missing:
-            raise KeyError(f"{path} holds no state for the controllers {missing}")
+            raise ValueError(f"{checkpoint} holds no state for the controllers {missing}")
         for name, controller in self.controllers.items():
-            controller.load_state_dict(states[name])
+            controller.load_state_dict(snapshot["controllers"][name])
+        device = self.accelerator.device
+        self._cycle_statistics = {
+            name: torch.tensor(sums, device=device) * (1.0 if self.accelerator.is_main_process else 0.0)
+            for name, sums in snapshot["cycle_statistics"].items()
+        }
+        self._cycle_micro_batches = snapshot["cycle_micro_batches"]
+        self._step = snapshot["trl_step"]
+        if self._step % (self.args.steps_per_generation * self.num_iterations) != 0:
+            path = os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=self.accelerator.process_index))
+            if snapshot["num_processes"] != self.accelerator.num_processes or not os.path.exists(path):
+                raise ValueError(
+                    f"{checkpoint} was saved inside a generation cycle by {snapshot['num_processes']} processes; "
+                    f"resuming it needs {path} and as many processes (this run has {self.accelerator.num_processes})"
+                )
+            self._buffered_inputs = torch.load(path, map_location=device, weights_only=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # Metrics

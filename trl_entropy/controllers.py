@@ -1,26 +1,29 @@
-"""Controllers: small objects that move one coefficient from one optimizer step to the next.
+"""Controllers: small objects that move one coefficient from one generation cycle to the next.
 
-A controller never sees tensors or ranks. The trainer sums its statistic over the accumulation window and all ranks,
-takes the token-weighted mean and calls ``update(mean, step)`` once per optimizer step, identically on every rank, so
-every rank holds the same value. ``state_dict()`` goes into each checkpoint and ``load_state_dict()`` restores it.
+A controller never sees tensors or ranks. The trainer sums its statistic over every micro-batch of a generation cycle
+(``num_iterations`` passes of ``steps_per_generation`` micro-batches) and every rank, takes the token-weighted mean and
+calls ``update(mean, step)`` once, at the optimizer step that ends the cycle, identically on every rank, so every rank
+holds the same value (SPEC "Controller statistics and timing"). ``state_dict()`` goes into each checkpoint through
+:class:`EntropyControlState` and ``load_state_dict()`` restores it.
 """
 
 import math
 from abc import ABC, abstractmethod
 
-
-STATISTICS = ("entropy", "clamped_entropy")
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 
 class Controller(ABC):
-    """Base class. Subclasses set ``statistic`` (one of ``STATISTICS``) and ``name`` (its key in checkpoints)."""
+    """Base class. Subclasses set ``name`` (its key in checkpoints) and ``statistic``: the ``CompletionBatch`` field
+    whose token mean drives it (``"entropy"`` or ``"clamped_entropy"``)."""
 
     name: str
     statistic: str
 
     @abstractmethod
     def update(self, mean_statistic: float, step: int) -> None:
-        """Take the mean statistic of optimizer step ``step`` (1-based) and move the controlled value."""
+        """Take the mean statistic of the generation cycle that optimizer step ``step`` (1-based) ends."""
 
     @abstractmethod
     def state_dict(self) -> dict:
@@ -45,7 +48,8 @@ def entropy_direction(mean_entropy: float, target: float) -> float:
 
 
 class EntropyTargetController(Controller):
-    """Steers the mean full entropy toward a target ``H*``: given, or measured on the first optimizer step (seed 002).
+    """Steers the mean full entropy toward a target ``H*``: given, or measured on the first generation cycle
+    ("Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §5).
 
     Subclasses set ``name``, ``value_name`` (the controlled quantity's key in the state and the metrics) and implement
     ``step(value, mean_entropy, target)``. The first update only measures the target when none was given, and the
@@ -58,27 +62,41 @@ class EntropyTargetController(Controller):
     def __init__(self, value: float, entropy_target: float | None = None):
         self.value = float(value)
         self.entropy_target = None if entropy_target is None else float(entropy_target)
-        self.last_step = 0  # the last optimizer step that updated the controller
 
     @abstractmethod
     def step(self, value: float, mean_entropy: float, target: float) -> float:
-        """The controlled value after one optimizer step."""
+        """The controlled value after one generation cycle."""
 
     def update(self, mean_statistic: float, step: int) -> None:
         if self.entropy_target is None:
             self.entropy_target = float(mean_statistic)
         self.value = self.step(self.value, mean_statistic, self.entropy_target)
-        self.last_step = int(step)
 
     def state_dict(self) -> dict:
-        return {self.value_name: self.value, "entropy_target": self.entropy_target, "last_step": self.last_step}
+        return {self.value_name: self.value, "entropy_target": self.entropy_target}
 
     def load_state_dict(self, state: dict) -> None:
         self.value = float(state[self.value_name])
         target = state["entropy_target"]
         self.entropy_target = None if target is None else float(target)
-        self.last_step = int(state["last_step"])
 
     def metrics(self) -> dict[str, float]:
         target = math.nan if self.entropy_target is None else self.entropy_target
         return {f"{self.name}/{self.value_name}": self.value, f"{self.name}/entropy_target": target}
+
+
+class EntropyControlState(TrainerCallback, ExportableState):
+    """The trainer's entropy-control state, carried in ``trainer_state.json`` (``stateful_callbacks``).
+
+    `transformers.Trainer` writes the state of every ``ExportableState`` callback into the checkpoint's
+    ``trainer_state.json`` before it pushes the checkpoint to the Hub, so a pushed checkpoint holds it too. The
+    trainer fills ``snapshot`` right before each save: the controllers' ``state_dict()`` and the progress of the
+    current generation cycle (see ``EntropyGRPOTrainer._save_checkpoint``); it reads the snapshot back from the
+    loaded trainer state on resume. The callback itself does nothing during training.
+    """
+
+    def __init__(self, snapshot: dict | None = None):
+        self.snapshot = snapshot
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"snapshot": self.snapshot}}

@@ -1,18 +1,21 @@
-"""REPO: Regulated Entropy Policy Optimization, REPO-D and REPO-R (seed 002, §5.1, App. A.7, D.2).
+"""REPO: Regulated Entropy Policy Optimization, REPO-D and REPO-R ("Entropy-Preserving Reinforcement Learning",
+Petrenko et al., arXiv:2603.11682, §5.1, App. A.7, D.2).
 
 REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled
-token's rollout log-prob ``ℓ^s_t`` (``old_per_token_logps``, detached) and a centring term ``c_t``:
+token's log-prob under the current forward pass, detached (``ℓ^s_t = ℓ_t.detach()``, "already available during the
+forward pass"; on-policy it equals the rollout's), and a centring term ``c_t``:
 
 * REPO-D (decorrelate): ``ζ_t = ℓ^s_t − c_t``. In expectation this is GRPO plus an entropy bonus ``β · H(π)``,
   estimated by REINFORCE from the sampled token only (App. A.7).
 * REPO-R (rescale): ``ζ_t = |A_t| (ℓ^s_t − c_t)``, i.e. ``A'_t = A_t (1 − β · sign(A_t) (ℓ^s_t − c_t))``: with
-  ``β > 0`` rare correct tokens are boosted and rare incorrect ones are penalised less (App. D.2).
+  ``β > 0`` rare correct tokens are boosted and rare incorrect ones are penalised less (App. D.2). The factor is
+  clamped at 0, so the rescaled advantage keeps the sign of ``A_t`` (as the public re-implementation does).
 * Centring: ``c_t = 0`` (the paper's practical choice) or ``c_t = −H_t`` (the exact per-state centring, since
   ``E_{a∼π}[log π(a|s)] = −H(s)``; the kernel gives ``H_t`` at no cost).
 
-``β`` is moved by :class:`REPOController` once per optimizer step so that the mean full entropy tracks a target: the
-mean entropy of the first optimizer step, or a given ``entropy_target``. No extra forward pass is needed: ``ℓ^s_t`` is
-the rollout log-prob GRPO already has.
+``β`` is moved by :class:`REPOController` once per generation cycle so that the mean full entropy tracks a target (the
+mean entropy of the first cycle, or a given ``repo_entropy_target``): doubled while it already pushes the wanted way,
+halved otherwise, flipped to ``±β_min`` when halving takes it below ``β_min``, and capped at ``β_max``.
 """
 
 from dataclasses import dataclass, field
@@ -26,16 +29,14 @@ from .validation import is_finite_number, reject_trl_entropy_bonus
 
 REPO_VARIANTS = ("R", "D")
 REPO_CENTERINGS = ("none", "entropy")
-# (beta_step δ, beta_max) per variant when the config leaves them None. The paper's values did not survive the text
-# extraction: these are ours (SPEC "REPO-D and REPO-R").
-REPO_VARIANT_DEFAULTS = {"D": (1e-3, 0.05), "R": (1e-2, 0.5)}
 
 
-def validate_entropy_target(value) -> None:
+def validate_entropy_target(name: str, value) -> None:
+    """A method's entropy target: a positive finite number of nats, or None (measured on the first cycle)."""
     if value is not None and not (is_finite_number(value) and value > 0):
         raise ValueError(
-            f"entropy_target must be a positive finite number of nats, or None to measure it on the first optimizer "
-            f"step; got {value!r}."
+            f"{name} must be a positive finite number of nats, or None to measure it on the first generation cycle; "
+            f"got {value!r}."
         )
 
 
@@ -52,15 +53,17 @@ class REPOConfig(EntropyGRPOConfig):
             `"none"` (`c_t = 0`, the paper's practical choice) or `"entropy"` (`c_t = −H_t`, the exact per-state
             centring).
         repo_beta (`float`, *optional*, defaults to `0.0`):
-            Initial β (paper: β_0 = 0).
-        repo_beta_step (`float` or `None`, *optional*, defaults to `None`):
-            Controller step δ. `None` resolves from the variant: 1e-3 for REPO-D, 1e-2 for REPO-R (ours).
-        repo_beta_max (`float` or `None`, *optional*, defaults to `None`):
-            Maximum |β|. `None` resolves from the variant: 0.05 for REPO-D, 0.5 for REPO-R (ours).
-        entropy_target (`float` or `None`, *optional*, defaults to `None`):
-            Target mean full entropy H* (nats per token). `None` measures it on the first optimizer step (paper).
-            This replaces the meaning `GRPOConfig.entropy_target` has for TRL's adaptive entropy bonus, which REPO
-            rejects.
+            Initial β (paper: β_0 = 0; the first update sets it to `±repo_beta_min`).
+        repo_beta_min (`float`, *optional*, defaults to `1e-4`):
+            Smallest |β| the controller keeps: halving below it flips β to `±repo_beta_min` in the wanted direction.
+            The paper's value for REPO-R; for REPO-D the same value is ours.
+        repo_beta_max (`float`, *optional*, defaults to `0.05`):
+            Largest |β|. The paper's value for REPO-R; for REPO-D the same value is ours.
+        repo_entropy_target (`float` or `None`, *optional*, defaults to `None`):
+            Target mean full entropy H* (nats per token). `None` measures it on the first generation cycle (paper).
+        repo_keep_advantage_sign (`bool`, *optional*, defaults to `True`):
+            REPO-R only: clamp the factor `1 − β·sign(A_t)(ℓ^s_t − c_t)` at 0 so the rescaled advantage keeps the
+            sign of `A_t` (the public re-implementation of the paper's App. D.2). `False` leaves it unclamped.
     """
 
     repo_variant: str = field(
@@ -81,27 +84,37 @@ class REPOConfig(EntropyGRPOConfig):
     )
     repo_beta: float = field(
         default=0.0,
-        metadata={"help": "Initial beta of the per-token advantage A'_t = A_t - beta * zeta_t (paper: 0)."},
-    )
-    repo_beta_step: float | None = field(
-        default=None,
         metadata={
-            "help": "Controller step delta added to (or subtracted from) beta each optimizer step. None resolves "
-            "from repo_variant: 1e-3 for 'D', 1e-2 for 'R' (ours: the paper's values did not survive extraction)."
+            "help": "Initial beta of the per-token advantage A'_t = A_t - beta * zeta_t (paper: 0; the first "
+            "update then sets it to +-repo_beta_min). |repo_beta| must not exceed repo_beta_max."
         },
     )
-    repo_beta_max: float | None = field(
-        default=None,
+    repo_beta_min: float = field(
+        default=1e-4,
         metadata={
-            "help": "Maximum |beta|; beta is clipped to [-repo_beta_max, repo_beta_max]. None resolves from "
-            "repo_variant: 0.05 for 'D', 0.5 for 'R' (ours: the paper's values did not survive extraction)."
+            "help": "Smallest |beta|: when halving takes |beta| below it, beta flips to +-repo_beta_min in the "
+            "wanted direction. 1e-4 is the paper's REPO-R value; for REPO-D the same value is ours."
         },
     )
-    entropy_target: float | None = field(
+    repo_beta_max: float = field(
+        default=0.05,
+        metadata={
+            "help": "Largest |beta|; doubling stops there. 0.05 is the paper's REPO-R value; for REPO-D the same "
+            "value is ours (the paper's REPO-D range did not survive extraction)."
+        },
+    )
+    repo_entropy_target: float | None = field(
         default=None,
         metadata={
             "help": "REPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the "
-            "first optimizer step. Not TRL's adaptive-entropy-bonus threshold: TRL's bonus is rejected with REPO."
+            "first generation cycle."
+        },
+    )
+    repo_keep_advantage_sign: bool = field(
+        default=True,
+        metadata={
+            "help": "REPO-R: clamp the factor 1 - beta * sign(A) * (logp^s - c) at 0 so the rescaled advantage keeps "
+            "the sign of A (the public re-implementation of the paper's App. D.2). False leaves it unclamped."
         },
     )
 
@@ -112,15 +125,13 @@ class REPOConfig(EntropyGRPOConfig):
             raise ValueError(f"repo_variant must be one of {list(REPO_VARIANTS)}, got {self.repo_variant!r}.")
         if self.repo_centering not in REPO_CENTERINGS:
             raise ValueError(f"repo_centering must be one of {list(REPO_CENTERINGS)}, got {self.repo_centering!r}.")
-        default_step, default_max = REPO_VARIANT_DEFAULTS[self.repo_variant]
-        if self.repo_beta_step is None:
-            self.repo_beta_step = default_step
-        if self.repo_beta_max is None:
-            self.repo_beta_max = default_max
-        if not (is_finite_number(self.repo_beta_step) and self.repo_beta_step > 0):
-            raise ValueError(f"repo_beta_step must be a positive finite number, got {self.repo_beta_step!r}.")
-        if not (is_finite_number(self.repo_beta_max) and self.repo_beta_max > 0):
-            raise ValueError(f"repo_beta_max must be a positive finite number, got {self.repo_beta_max!r}.")
+        if not (is_finite_number(self.repo_beta_min) and self.repo_beta_min > 0):
+            raise ValueError(f"repo_beta_min must be a positive finite number, got {self.repo_beta_min!r}.")
+        if not (is_finite_number(self.repo_beta_max) and self.repo_beta_max >= self.repo_beta_min):
+            raise ValueError(
+                f"repo_beta_max must be a finite number >= repo_beta_min={self.repo_beta_min!r}, "
+                f"got {self.repo_beta_max!r}."
+            )
         if not is_finite_number(self.repo_beta):
             raise ValueError(f"repo_beta must be a finite number, got {self.repo_beta!r}.")
         if abs(self.repo_beta) > self.repo_beta_max:
@@ -128,7 +139,9 @@ class REPOConfig(EntropyGRPOConfig):
                 f"repo_beta={self.repo_beta!r} exceeds repo_beta_max={self.repo_beta_max!r} in magnitude; "
                 "the initial beta must lie in [-repo_beta_max, repo_beta_max]."
             )
-        validate_entropy_target(self.entropy_target)
+        validate_entropy_target("repo_entropy_target", self.repo_entropy_target)
+        if not isinstance(self.repo_keep_advantage_sign, bool):
+            raise ValueError(f"repo_keep_advantage_sign must be a bool, got {self.repo_keep_advantage_sign!r}.")
 
 
 def repo_advantages(
@@ -138,16 +151,19 @@ def repo_advantages(
     beta: float,
     variant: str,
     centering: str = "none",
+    keep_sign: bool = True,
 ) -> torch.Tensor:
-    """REPO's per-token advantages ``A'_t = A_t − β · ζ_t`` (seed 002, §5.1, App. D.2).
+    """REPO's per-token advantages ``A'_t = A_t − β · ζ_t`` (arXiv:2603.11682, §5.1, App. D.2).
 
     Args:
         advantages: ``(B, 1)`` (or ``(B,)``) per-sequence advantages ``A``.
-        sampled_log_probs: ``(B, T)`` rollout log-probs of the sampled tokens ``ℓ^s_t`` (detached here).
+        sampled_log_probs: ``(B, T)`` log-probs of the sampled tokens ``ℓ^s_t`` (detached here).
         entropy: ``(B, T)`` full entropies ``H_t`` (detached here); needed only for ``centering="entropy"``.
         beta: the coefficient β.
         variant: ``"D"`` (``ζ_t = ℓ^s_t − c_t``) or ``"R"`` (``ζ_t = |A_t| (ℓ^s_t − c_t)``).
         centering: ``"none"`` (``c_t = 0``) or ``"entropy"`` (``c_t = −H_t``).
+        keep_sign: REPO-R only: write ``A'_t = A_t · max(0, 1 − β · sign(A_t)(ℓ^s_t − c_t))``, so ``A'_t`` never has
+            the opposite sign of ``A_t``; ``False`` drops the ``max``.
 
     Returns:
         ``(B, T)`` advantages; nothing in them carries a gradient.
@@ -164,31 +180,42 @@ def repo_advantages(
         if entropy is None:
             raise ValueError("centering='entropy' needs the per-token entropy, got entropy=None.")
         centred = centred + entropy.detach()  # ℓ^s_t − c_t with c_t = −H_t
-    zeta = centred if variant == "D" else advantages.abs() * centred
-    return advantages - beta * zeta
+    if variant == "D":
+        return advantages - beta * centred
+    factor = 1 - beta * torch.sign(advantages) * centred  # A − β|A|x = A(1 − β sign(A) x)
+    if keep_sign:
+        factor = factor.clamp(min=0)
+    return advantages * factor
 
 
-def repo_controller_step(beta: float, mean_entropy: float, target: float, delta: float, beta_max: float) -> float:
-    """One step of REPO's β controller (seed 002, §5.1; the flip condition ``β·d < 0`` is ours).
+def repo_controller_step(beta: float, mean_entropy: float, target: float, beta_min: float, beta_max: float) -> float:
+    """One update of REPO's β controller (arXiv:2603.11682, §5.1 steps 1–4; App. D.2 as re-implemented publicly).
 
-    ``d = +1`` if the mean entropy is below the target, ``−1`` if above, else ``0``; if ``β · d < 0`` the sign of β
-    flips (the pressure reverses at once); then ``β ← clip(β + d·δ, −β_max, β_max)``.
+    ``d = +1`` if the mean entropy is below the target, ``−1`` if above; ``d = 0`` leaves β unchanged. If β already
+    pushes the wanted way (``sign(β) = d``) it doubles; otherwise it halves, and if then ``|β| < β_min`` it flips to
+    ``d · β_min`` (so a controller at ``β = 0`` starts at ``d · β_min``). Finally ``|β|`` is capped at ``β_max``.
     """
     direction = entropy_direction(mean_entropy, target)
-    if beta * direction < 0:
-        beta = -beta
-    return min(max(beta + direction * delta, -beta_max), beta_max)
+    if direction == 0:
+        return beta
+    if beta * direction > 0:
+        beta = 2 * beta
+    else:
+        beta = beta / 2
+        if abs(beta) < beta_min:
+            beta = direction * beta_min
+    return min(max(beta, -beta_max), beta_max)
 
 
 class REPOController(EntropyTargetController):
-    """Moves β so that the mean full entropy tracks the target (measured on the first optimizer step unless given)."""
+    """Moves β so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
 
     name = "repo"
     value_name = "beta"
 
-    def __init__(self, beta: float, beta_step: float, beta_max: float, entropy_target: float | None = None):
+    def __init__(self, beta: float, beta_min: float, beta_max: float, entropy_target: float | None = None):
         super().__init__(beta, entropy_target)
-        self.beta_step = float(beta_step)
+        self.beta_min = float(beta_min)
         self.beta_max = float(beta_max)
 
     @property
@@ -196,7 +223,7 @@ class REPOController(EntropyTargetController):
         return self.value
 
     def step(self, value: float, mean_entropy: float, target: float) -> float:
-        return repo_controller_step(value, mean_entropy, target, self.beta_step, self.beta_max)
+        return repo_controller_step(value, mean_entropy, target, self.beta_min, self.beta_max)
 
 
 class REPOTrainer(EntropyGRPOTrainer):
@@ -211,15 +238,16 @@ class REPOTrainer(EntropyGRPOTrainer):
 
     def build_controllers(self) -> list[Controller]:
         args = self.args
-        return [REPOController(args.repo_beta, args.repo_beta_step, args.repo_beta_max, args.entropy_target)]
+        return [REPOController(args.repo_beta, args.repo_beta_min, args.repo_beta_max, args.repo_entropy_target)]
 
     def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
         args = self.args
         return repo_advantages(
             batch.advantages,
-            batch.old_log_probs,
+            batch.log_probs,  # ℓ^s: this forward pass's log-prob, detached inside
             batch.entropy if args.repo_centering == "entropy" else None,
             self.controllers["repo"].value,
             args.repo_variant,
             args.repo_centering,
+            args.repo_keep_advantage_sign,
         )
