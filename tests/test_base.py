@@ -1,8 +1,6 @@
 """The base trainer's plumbing: validation, the controller window, checkpoints, diagnostics, packaging."""
 
-import json
 import math
-import os
 import subprocess
 import sys
 import zipfile
@@ -11,11 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_grpo_batch
-from trl import GRPOConfig
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
-from trl_entropy.base import CONTROLLER_STATE_FILE
 from trl_entropy.diagnostics import covariance_from_moments, covariance_moments, token_covariance
 from trl_entropy.head import install_entropy_head
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
@@ -96,41 +92,43 @@ def test_invalid_kernel_options_are_rejected(tmp_path, field, value):
         config(tmp_path, **{field: value})
 
 
-def test_plain_grpo_config_is_rejected(toy_model_path, toy_tokenizer, tmp_path):
-    args = GRPOConfig(
-        output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_train_batch_size=4, num_generations=4
-    )
-    with pytest.raises(TypeError, match="EntropyGRPOConfig"):
-        EntropyGRPOTrainer(model=toy_model_path, reward_funcs=toy_reward, args=args, processing_class=toy_tokenizer)
+CLIP_CASES = [  # (config options, whether the clip range is inert and a warning is due)
+    ({"epsilon": 0.15, "epsilon_high": 1e9}, True),  # the clip-low recipe, on-policy
+    ({"epsilon_high": 0.28}, True),  # clip-higher, on-policy
+    ({"epsilon": 0.15, "epsilon_high": 1e9, "num_iterations": 2}, False),
+    ({"epsilon": 0.15, "epsilon_high": 1e9, "steps_per_generation": 2}, False),
+    ({}, False),  # TRL's default clip: nothing to say
+]
 
 
-def test_moe_load_balancing_loss_is_rejected(toy_tokenizer, tmp_path):
-    from transformers import MixtralConfig, MixtralForCausalLM
+@pytest.mark.parametrize("options, warns", CLIP_CASES)
+def test_clip_range_warns_once_when_on_policy(tmp_path, options, warns):
+    import warnings
 
-    tiny = MixtralConfig(
-        vocab_size=len(toy_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        router_aux_loss_coef=0.01,
-    )
-    with pytest.raises(ValueError, match="router_aux_loss_coef"):
-        build(EntropyGRPOTrainer, MixtralForCausalLM(tiny), toy_tokenizer, config(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config(tmp_path, **options)
+    inert = [w for w in caught if "the clip range has no effect" in str(w.message)]
+    assert len(inert) == (1 if warns else 0)
+    if warns:
+        assert "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps" in str(inert[0].message)
 
 
-def test_models_the_head_cannot_score_are_rejected(toy_tokenizer):
-    softcapped = build_toy_model(toy_tokenizer)
-    softcapped.config.final_logit_softcapping = 30.0
-    with pytest.raises(ValueError, match="final_logit_softcapping"):
-        install_entropy_head(softcapped, temperature=1.0)
-    headless = build_toy_model(toy_tokenizer)
-    headless.get_output_embeddings = lambda: None
+def headless_model(tokenizer):
+    return build_toy_model(tokenizer).model  # the backbone alone: no LM head
+
+
+@pytest.mark.parametrize("given_by", ["instance", "path"])
+def test_a_model_the_head_cannot_score_is_rejected_before_trl_set_up(toy_tokenizer, tmp_path, given_by):
+    model = headless_model(toy_tokenizer)
+    if given_by == "path":
+        model.save_pretrained(tmp_path / "model")
+        toy_tokenizer.save_pretrained(tmp_path / "model")
+        model = str(tmp_path / "model")
+    with pytest.raises(ValueError, match="LlamaModel has no output embedding"):
+        build(EntropyGRPOTrainer, model, toy_tokenizer, config(tmp_path))
     with pytest.raises(ValueError, match="no output embedding"):
-        install_entropy_head(headless, temperature=1.0)
+        install_entropy_head(headless_model(toy_tokenizer), temperature=1.0)
 
 
 @pytest.mark.parametrize(
@@ -202,32 +200,6 @@ def test_non_finite_statistic_holds_the_controller(toy_model_path, toy_tokenizer
     loss.backward()  # an all-masked micro-batch stays connected to the graph
 
 
-def test_controller_state_is_checkpointed_and_restored(warm_toy_policy_path, toy_tokenizer, tmp_path):
-    args = config(tmp_path, max_steps=2, save_steps=1, per_device_train_batch_size=8, logging_steps=1)
-    trainer = build(RecordingTrainer, warm_toy_policy_path, toy_tokenizer, args)
-    trainer.train()
-    calls = trainer.controllers["recorder"].calls
-    assert [step for _, step in calls] == [1, 2]
-    with open(os.path.join(tmp_path, "checkpoint-1", CONTROLLER_STATE_FILE)) as file:
-        saved = json.load(file)
-    assert saved["recorder"]["calls"] == [list(calls[0])]
-    assert [entry["recorder/updates"] for entry in trainer.state.log_history if "recorder/updates" in entry] == [
-        1.0,
-        2.0,
-    ]
-
-    resumed = build(RecordingTrainer, warm_toy_policy_path, toy_tokenizer, args)
-    resumed.train(resume_from_checkpoint=os.path.join(tmp_path, "checkpoint-1"))
-    restored = resumed.controllers["recorder"].calls
-    assert restored[0] == calls[0] and [step for _, step in restored] == [1, 2]
-
-    os.remove(os.path.join(tmp_path, "checkpoint-1", CONTROLLER_STATE_FILE))
-    with pytest.raises(FileNotFoundError, match=CONTROLLER_STATE_FILE):
-        build(RecordingTrainer, warm_toy_policy_path, toy_tokenizer, args).train(
-            resume_from_checkpoint=os.path.join(tmp_path, "checkpoint-1")
-        )
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Diagnostics
 # ---------------------------------------------------------------------------------------------------------------------
@@ -296,7 +268,10 @@ def test_training_on_the_toy_task(warm_toy_policy_path, toy_tokenizer, tmp_path)
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
-def test_wheel_installs_kernels_inside_the_package(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The project's wheel, built from the working tree."""
+    folder = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [
             sys.executable,
@@ -307,16 +282,62 @@ def test_wheel_installs_kernels_inside_the_package(tmp_path):
             "--no-build-isolation",
             "-q",
             "-w",
-            str(tmp_path),
+            str(folder),
             str(ROOT),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("trl_entropy-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+    (path,) = folder.glob("trl_entropy-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_wheel_installs_kernels_inside_the_package(wheel):
+    names = wheel.namelist()
     assert "trl_entropy/kernels/__init__.py" in names
     assert not any(name.startswith("kernels/") for name in names), (
         "a top-level `kernels` module would shadow HF kernels"
     )
     assert "trl_entropy/base.py" in names
+
+
+def installed_closure(requirements) -> set[str]:
+    """The distributions a plain install of ``requirements`` pulls in, following each one's own requirements
+    (without extras) through the distributions installed here."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen, pending = set(), [Requirement(r) for r in requirements]
+    while pending:
+        requirement = pending.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen or (requirement.marker is not None and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            pending.extend(Requirement(r) for r in distribution(name).requires or [])
+        except PackageNotFoundError:
+            pass
+    return seen
+
+
+def test_a_plain_install_brings_neither_triton_nor_liger(wheel):
+    """`pip install -e .` on a CPU machine (torch's CPU build installed first): no Triton, no Liger, no DeepSpeed;
+    the `dev` extra brings what the tests need."""
+    from packaging.requirements import Requirement
+
+    metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    requirements = [
+        line.split(":", 1)[1].strip()
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    plain = [r for r in requirements if "extra ==" not in r]
+    dev = {Requirement(r).name for r in requirements if 'extra == "dev"' in r}
+    assert torch.version.cuda is None, "this check needs torch's CPU build, which requires no Triton"
+    closure = installed_closure(plain)
+    assert {"torch", "trl", "transformers", "accelerate", "datasets", "packaging"} <= closure
+    assert not closure & {"triton", "liger-kernel", "deepspeed", "peft"}
+    assert {"triton", "liger-kernel", "deepspeed", "einops", "pydantic", "peft", "pytest"} <= dev

@@ -22,9 +22,7 @@ TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_atten
 # Values chosen so the transform changes the toy model's logits by far more than the tolerances: its logits span a
 # few units, a soft-cap at 1.5 bends them strongly, and Granite divides them by 0.25 (a scale of 4).
 FAMILIES = {
-    "gemma2_softcap": lambda vocab: Gemma2Config(
-        vocab_size=vocab, head_dim=8, final_logit_softcapping=1.5, **TINY
-    ),
+    "gemma2_softcap": lambda vocab: Gemma2Config(vocab_size=vocab, head_dim=8, final_logit_softcapping=1.5, **TINY),
     "granite_logits_scaling": lambda vocab: GraniteConfig(vocab_size=vocab, logits_scaling=0.25, **TINY),
     "mixtral_router_loss": lambda vocab: MixtralConfig(
         vocab_size=vocab,
@@ -102,8 +100,13 @@ def test_aent_clamped_entropy_is_taken_on_the_transformed_logits(family_path, to
         model=model,
         reward_funcs=toy_reward,
         args=AEntConfig(
-            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to=[], use_cpu=True,
-            bf16=False, temperature=0.7,
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            report_to=[],
+            use_cpu=True,
+            bf16=False,
+            temperature=0.7,
         ),
         train_dataset=build_toy_dataset(8),
         processing_class=toy_tokenizer,

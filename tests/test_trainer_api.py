@@ -93,7 +93,9 @@ def test_evaluate_equals_grpo_trainer(warm_toy_policy_path, toy_tokenizer, tmp_p
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_evaluate_works_for_every_method_and_moves_no_controller(method, warm_toy_policy_path, toy_tokenizer, tmp_path):
+def test_evaluate_works_for_every_method_and_moves_no_controller(
+    method, warm_toy_policy_path, toy_tokenizer, tmp_path
+):
     spec = METHODS[method]
     trainer, controllers, metrics = evaluate(
         spec.trainer_class, spec.config_class, warm_toy_policy_path, toy_tokenizer, tmp_path, **spec.defaults
@@ -101,3 +103,25 @@ def test_evaluate_works_for_every_method_and_moves_no_controller(method, warm_to
     assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
     assert 0 < metrics["eval_entropy"]
     assert {name: c.state_dict() for name, c in trainer.controllers.items()} == controllers
+
+
+@pytest.mark.parametrize("method", ["grpo", "aent"])
+def test_liger_layer_kernels_keep_the_entropy_head(method, toy_model_path, toy_tokenizer, tmp_path):
+    """`use_liger_kernel=True`: transformers applies Liger's layer kernels when training starts; the model's forward
+    must stay the entropy head (TRL turns Liger's fused linear cross-entropy off for that). Liger's Triton kernels do
+    not run on the CPU, even under the Triton interpreter, so this checks the wiring only."""
+    from transformers.integrations.liger import apply_liger_kernel
+
+    spec = METHODS[method]
+    trainer = spec.trainer_class(
+        model=toy_model_path,
+        reward_funcs=toy_reward,
+        args=spec.config_class(output_dir=str(tmp_path), use_liger_kernel=True, **COMMON),
+        train_dataset=build_toy_dataset(8),
+        processing_class=toy_tokenizer,
+    )
+    assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
+    head_forward = trainer.model.forward.__func__
+    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
+    assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward"
+    assert trainer.model.forward.__func__ is head_forward
