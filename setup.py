@@ -27,7 +27,9 @@ setup(
     install_requires=[
         "torch>=2.8",
         TRL_REQUIREMENT,
-        "transformers>=5.0",
+        # The trainers override private `transformers.Trainer` methods (`_save_checkpoint`,
+        # `_load_optimizer_and_scheduler`), which a new major version may change.
+        "transformers>=5.0,<6",
         "accelerate>=1.10.1",
         "datasets>=4.7",
         "tokenizers>=0.21",
