@@ -1,9 +1,9 @@
-"""AEnt: config, the coefficient controller, the loss and gradients against a float64 reference, accumulation,
-checkpoints and an end-to-end run on the toy task."""
+"""AEnt: config, the coefficient controller, the loss and gradients against a float64 reference (TRL's
+high-entropy filter included) and an end-to-end run on the toy task. Checkpoints: tests/test_resume.py; accumulation
+and cycle timing: tests/test_accumulation.py; invalid config values: tests/test_bad_input.py."""
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
-from trl_entropy.base import CONTROLLER_STATE_FILE
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -80,40 +79,6 @@ def test_config_defaults_are_the_reference_values(tmp_path):
     for name, spec in AEntConfig.__dataclass_fields__.items():
         if name.startswith("aent_"):
             assert spec.metadata.get("help"), f"{name} has no help"
-
-
-@pytest.mark.parametrize(
-    "options, field_name",
-    [
-        ({"aent_clamp_fraction": -0.1}, "aent_clamp_fraction"),
-        ({"aent_clamp_fraction": 1.0}, "aent_clamp_fraction"),
-        ({"aent_clamp_fraction": 1.5}, "aent_clamp_fraction"),
-        ({"aent_clamp_fraction": float("nan")}, "aent_clamp_fraction"),
-        ({"aent_entropy_low": 0.3, "aent_entropy_high": 0.2}, "aent_entropy_low"),
-        ({"aent_entropy_low": -0.01}, "aent_entropy_low"),
-        ({"aent_entropy_low": -0.5, "aent_entropy_high": -0.1}, "aent_entropy_low"),
-        ({"aent_entropy_high": float("inf")}, "aent_entropy_high"),
-        ({"aent_coef_min": 1e-2, "aent_coef_max": 1e-3, "aent_coef_init": 5e-3}, "aent_coef_min"),
-        ({"aent_coef_min": -1e-5}, "aent_coef_min"),
-        ({"aent_coef_lr": -1e-3}, "aent_coef_lr"),
-        ({"aent_warmup_steps": -1}, "aent_warmup_steps"),
-        ({"aent_warmup_steps": 2.5}, "aent_warmup_steps"),
-        ({"aent_coef_init": 1e-2}, "aent_coef_init"),
-        ({"aent_coef_init": 1e-6}, "aent_coef_init"),
-        ({"aent_coef_init": -1e-3, "aent_adaptive": False}, "aent_coef_init"),
-        ({"entropy_coef": 0.01}, "entropy_coef"),
-        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
-    ],
-    ids=lambda value: ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None,
-)
-def test_config_rejects_bad_values(tmp_path, options, field_name):
-    with pytest.raises(ValueError, match=field_name):
-        make_config(tmp_path, **options)
-
-
-def test_config_two_entropy_bonuses_message(tmp_path):
-    with pytest.raises(ValueError, match="second entropy bonus"):
-        make_config(tmp_path, entropy_coef=0.01)
 
 
 def test_config_accepts_edge_values(tmp_path):
@@ -219,13 +184,25 @@ def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accu
     )
 
 
+def reference_high_entropy_mask(entropy, mask, quantile):
+    """TRL's ``get_high_entropy_mask`` semantics in float64: the valid tokens whose full entropy is at least the
+    ``(1 − quantile)``-quantile (linear interpolation) of the valid tokens' entropies."""
+    valid = entropy[mask.bool()]
+    threshold = torch.quantile(valid, 1 - quantile)
+    assert (valid - threshold).abs().min() > 1e-5, "fp32 and fp64 could disagree on the kept tokens"
+    return (entropy >= threshold) & mask.bool()
+
+
 @pytest.mark.parametrize(
-    "clamp_fraction, loss_type, beta", [(0.3, "grpo", 0.04), (0.5, "dapo", 0.0), (0.0, "bnpo", 0.0)]
+    "clamp_fraction, loss_type, beta, quantile",
+    [(0.3, "grpo", 0.04, 1.0), (0.5, "dapo", 0.0, 1.0), (0.0, "bnpo", 0.0, 1.0), (0.3, "grpo", 0.0, 0.5)],
 )
 def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
-    toy_model_path, toy_tokenizer, tmp_path, monkeypatch, clamp_fraction, loss_type, beta
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch, clamp_fraction, loss_type, beta, quantile
 ):
-    options = dict(loss_type=loss_type, beta=beta)
+    """TRL's loss (with the same ``top_entropy_quantile``) minus λ times the float64 clamped-entropy mean over the
+    tokens TRL's high-entropy filter keeps (all valid tokens when the quantile is 1)."""
+    options = dict(loss_type=loss_type, beta=beta, top_entropy_quantile=quantile)
     trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     ours = build_trainer(
         AEntTrainer,
@@ -254,7 +231,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
 
     monkeypatch.setattr(trl_entropy.head, "chunked_logprob_entropy", spy)
     hook = ours.model.get_output_embeddings().register_forward_hook(lambda *args: head_calls.append(1))
-    our_loss, our_grads = loss_and_gradients(ours, inputs)  # the last micro-batch of a window: λ moves afterwards
+    our_loss, our_grads = loss_and_gradients(ours, inputs)  # the last micro-batch of a cycle: λ moves afterwards
     hook.remove()
     assert kernel_calls == [clamp_fraction] and head_calls == []
 
@@ -265,8 +242,15 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     model64.train()
     clamped64 = reference_scores(model64, inputs, TEMPERATURE, clamp_fraction)
     mask = inputs["completion_mask"]
-    mean_clamped = token_mean(clamped64, mask)
-    bonus = coef * mean_clamped / ACCUMULATION
+    bonus_mask = mask
+    if quantile < 1:
+        full64 = reference_scores(model64, inputs, TEMPERATURE, 0.0).detach()
+        bonus_mask = reference_high_entropy_mask(full64, mask, quantile)
+        assert 0 < bonus_mask.sum() < mask.sum()
+        # The filter matters: the kept tokens' mean differs from all tokens' by far more than the tolerance.
+        assert abs(token_mean(clamped64, bonus_mask) - token_mean(clamped64, mask)) > 0.01
+    mean_clamped = token_mean(clamped64, mask)  # the controller's statistic: every valid token
+    bonus = coef * token_mean(clamped64, bonus_mask) / ACCUMULATION
     bonus.backward()
     bonus_grads = {name: p.grad for name, p in model64.named_parameters() if p.grad is not None}
 
@@ -282,7 +266,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     trl_norm = torch.cat([g.flatten() for g in trl_grads.values()]).double().norm()
     assert bonus_norm > 0.01 * trl_norm  # 100 times the relative tolerance
 
-    # The loss used λ_0; the window completed, so λ moved by the formula with the token-mean statistic.
+    # The loss used λ_0; the cycle completed, so λ moved by the formula with the token-mean statistic.
     assert ours.aent_coef == pytest.approx(
         reference_step(
             coef,
@@ -316,66 +300,7 @@ def test_clamped_entropy_differs_from_full_entropy(toy_model_path, toy_tokenizer
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The controller statistic spans the accumulation window
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def split_rows(inputs, rows):
-    batch = inputs["completion_ids"].size(0)
-    return {
-        key: value[list(rows)] if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == batch else value
-        for key, value in inputs.items()
-    }
-
-
-def test_accumulation_gives_the_same_coefficient_trajectory(warm_toy_policy_path, toy_tokenizer, tmp_path):
-    # The warm policy's entropy varies a lot from one context to another, so the micro-batch means differ.
-    toy_model_path = warm_toy_policy_path
-    options = dict(loss_type="grpo", aent_warmup_steps=1, **STRONG)
-    whole = build_trainer(
-        AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "a1", accumulation=1, **options
-    )
-    halves = build_trainer(
-        AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "a2", accumulation=2, **options
-    )
-    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
-    args = whole.args
-    band = (args.aent_entropy_low, args.aent_entropy_high, args.aent_coef_lr, args.aent_coef_min, args.aent_coef_max)
-    # make_grpo_batch masks rows 0..3 to 6, 3, 1 and 6 tokens: the micro-batches [0, 1] and [2, 3] hold 9 and 7.
-    micro_batches = ((0, 1), (2, 3))
-    expected = expected_mean_of_means = args.aent_coef_init
-    trajectories = {"whole": [], "halves": []}
-    for step, seed in enumerate((21, 22, 23), start=1):
-        inputs = make_grpo_batch(whole.model, len(toy_tokenizer), seed=seed)
-        whole.accelerator.gradient_state._set_sync_gradients(True)
-        whole.compute_loss(whole.model, dict(inputs))
-        whole.state.global_step += 1
-        for rows, sync in zip(micro_batches, (False, True), strict=True):
-            halves.accelerator.gradient_state._set_sync_gradients(sync)
-            halves.compute_loss(halves.model, split_rows(inputs, rows))
-        halves.state.global_step += 1
-        trajectories["whole"].append(whole.aent_coef)
-        trajectories["halves"].append(halves.aent_coef)
-
-        with torch.no_grad():
-            clamped = reference_scores(model64, inputs, TEMPERATURE, args.aent_clamp_fraction)
-        mask = inputs["completion_mask"]
-        assert [int(mask[list(rows)].sum()) for rows in micro_batches] == [9, 7]
-        mean = token_mean(clamped, mask).item()
-        mean_of_means = sum(token_mean(clamped[list(r)], mask[list(r)]).item() for r in micro_batches) / 2
-        if step > args.aent_warmup_steps:
-            expected = reference_step(expected, mean, *band)
-            expected_mean_of_means = reference_step(expected_mean_of_means, mean_of_means, *band)
-        assert trajectories["whole"][-1] == pytest.approx(expected, rel=1e-6)
-        assert trajectories["halves"][-1] == pytest.approx(expected, rel=1e-6)
-    assert trajectories["whole"][0] == args.aent_coef_init  # warm-up: held after step 1
-    assert trajectories["halves"] == pytest.approx(trajectories["whole"], rel=1e-6)
-    # A mean of per-micro-batch means would have given a visibly different trajectory.
-    assert abs(expected_mean_of_means - expected) > 100 * 1e-6 * abs(expected)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# End to end: .train() on the toy task, checkpoint and resume
+# End to end: .train() on the toy task
 # ---------------------------------------------------------------------------------------------------------------------
 
 # A band above log V: the clamped entropy is always below it, so λ rises at every step (a visible trajectory).
@@ -389,46 +314,26 @@ E2E = dict(
 )
 
 
-def e2e_config(output_dir, max_steps):
-    return AEntConfig(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
+def test_train_logs_aent_metrics(warm_toy_policy_path, tmp_path):
+    args = AEntConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=8,
         learning_rate=1e-4,
         logging_steps=1,
-        save_steps=2,
+        save_strategy="no",
         report_to=[],
         use_cpu=True,
         bf16=False,
         seed=0,
         **E2E,
     )
-
-
-def e2e_trainer(path, output_dir, max_steps):
-    from transformers import PreTrainedTokenizerFast
-
-    return AEntTrainer(
-        model=path,
-        reward_funcs=toy_reward,
-        args=e2e_config(output_dir, max_steps),
-        train_dataset=build_toy_dataset(64, seed=0),
-        processing_class=PreTrainedTokenizerFast.from_pretrained(path),
+    trainer = AEntTrainer(
+        model=warm_toy_policy_path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(64, seed=0)
     )
-
-
-@pytest.fixture(scope="module")
-def trained(warm_toy_policy_path, tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("aent_e2e")
-    trainer = e2e_trainer(warm_toy_policy_path, output_dir, max_steps=2)
     trainer.train()
-    return trainer, output_dir
-
-
-def test_train_logs_aent_metrics(trained):
-    trainer, _ = trained
     logs = [entry for entry in trainer.state.log_history if "aent/coef" in entry]
     assert [entry["step"] for entry in logs] == [1, 2]
     vocab = trainer.model.config.vocab_size
@@ -442,30 +347,3 @@ def test_train_logs_aent_metrics(trained):
     rise = E2E["aent_coef_lr"] * (E2E["aent_entropy_low"] - math.log(vocab))
     assert coefs[0] >= E2E["aent_coef_init"] + rise and coefs[1] >= coefs[0] + rise
     assert coefs[-1] == trainer.aent_coef
-
-
-def test_coefficient_survives_save_and_resume(trained, warm_toy_policy_path):
-    first, output_dir = trained
-    saved = first.aent_coef
-    checkpoint = os.path.join(output_dir, "checkpoint-2")
-    with open(os.path.join(checkpoint, CONTROLLER_STATE_FILE)) as file:
-        assert json.load(file) == {"aent": {"coef": saved}}
-    assert saved != E2E["aent_coef_init"]
-
-    second = e2e_trainer(warm_toy_policy_path, output_dir, max_steps=3)
-    controller = second.controllers["aent"]
-    assert controller.value == E2E["aent_coef_init"]
-    seen, update = [], controller.update
-
-    def spy(mean, step):
-        seen.append((controller.value, mean, step))
-        update(mean, step)
-
-    controller.update = spy
-    second.train(resume_from_checkpoint=checkpoint)
-    assert len(seen) == 1
-    before, mean, step = seen[0]
-    assert step == 3 and before == saved  # restored exactly, not restarted from λ_0
-    assert second.aent_coef == pytest.approx(
-        reference_step(before, mean, 10.0, 10.0, E2E["aent_coef_lr"], 0.0, 1.0), rel=1e-12
-    )

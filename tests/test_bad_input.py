@@ -58,25 +58,29 @@ INVALID = {
         "clip_cov_ratio": [0, 1.5, nan, True],
         "clip_cov_lb": [5.0, 10.0, nan, "x"],  # the default clip_cov_ub is 5.0
         "clip_cov_ub": [1.0, 0.5, nan, "x"],  # the default clip_cov_lb is 1.0
+        "cov_selection_scope": ["global", None],
     },
     KLCovConfig: {
         "kl_cov_ratio": [0, -0.1, 1.5, nan, True],
         "kl_cov_coef": [-1.0, nan, inf, True],
+        "cov_selection_scope": ["global", None],
     },
     REPOConfig: {
-        "repo_variant": ["X", "r"],
+        "repo_variant": ["X", "r", "d"],
         "repo_centering": ["mean", None],
-        "repo_beta": [nan, 1.0],  # 1.0 exceeds the default REPO-R beta_max 0.5
-        "repo_beta_step": [0, -0.01, inf],
-        "repo_beta_max": [0, -0.5, nan],
-        "entropy_target": [0, -1.0, nan, inf, True],
+        "repo_beta": [nan, 0.06, -0.06, True],  # |0.06| exceeds the default repo_beta_max 0.05
+        "repo_beta_min": [0, -1e-4, nan, 0.1],  # 0.1 is above the default repo_beta_max 0.05
+        "repo_beta_max": [0, 5e-5, nan, inf],  # 5e-5 is below the default repo_beta_min 1e-4
+        "repo_entropy_target": [0, -1.0, nan, inf, True],
+        "repo_keep_advantage_sign": ["yes", None, 1],
     },
     ADAPOConfig: {
         "adapo_epsilon_high_step": [0, -0.01, nan],
         "adapo_epsilon_high_min": [-0.1, 0.3, nan],  # 0.3 is above the initial epsilon_high 0.28
         "adapo_epsilon_high_max": [0.05, 0.2, inf],  # 0.2 is below the initial epsilon_high 0.28
-        "epsilon_high": [0.05, 0.9, nan],
-        "entropy_target": [0, -1.0, nan],
+        "adapo_entropy_target": [0, -1.0, nan, inf],
+        "epsilon_high": [0.05, 0.9, nan, None],
+        "epsilon": [1.0, -0.1],
     },
 }
 INVALID_CASES = [
@@ -85,8 +89,9 @@ INVALID_CASES = [
     for name, values in fields.items()
     for value in values
 ]
-# TRL fields whose meaning a method replaces: they are the method's own and must be validated as such.
-REDEFINED_TRL_FIELDS = {REPOConfig: {"entropy_target"}, ADAPOConfig: {"entropy_target", "epsilon_high"}}
+# TRL fields whose meaning a method replaces: they are the method's own and must be validated as such (TRL's own
+# entropy_target keeps TRL's meaning everywhere; REPO's and ADAPO's targets carry their method's prefix).
+REDEFINED_TRL_FIELDS = {ADAPOConfig: {"epsilon_high"}}
 
 
 def config(config_class, **options):
@@ -261,7 +266,6 @@ def test_training_through_an_all_masked_step(method, warm_toy_policy_path, tmp_p
     else:
         assert initial["entropy_target"] is None
         assert state["entropy_target"] == pytest.approx(mean, rel=1e-5)  # measured at the first step with tokens
-        assert state["last_step"] == 2
 
 
 def controller_value_of(state, controller):

@@ -132,9 +132,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
             install_entropy_head(self.ref_model, self.temperature, args.cast_lm_head_to_fp32)
         self.controllers: dict[str, Controller] = {c.name: c for c in self.build_controllers()}
         # [Σ m·statistic, Σ m] per controller statistic, summed over the micro-batches of the current generation cycle,
-        # and the number of training micro-batches since the last controller update.
+        # and the number of optimizer steps since the last controller update.
         self._cycle_statistics: dict[str, torch.Tensor] = {}
-        self._cycle_micro_batches = 0
+        self._cycle_optimizer_steps = 0
         self.add_callback(EntropyControlState())  # carries the controller state into every checkpoint
 
     @staticmethod
@@ -395,9 +395,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         """Add the micro-batch's ``[Σ m·statistic, Σ m]`` to the generation cycle's sums; at the optimizer step that
         ends the cycle, update the controllers (SPEC "Controller statistics and timing").
 
-        A cycle is ``num_iterations · steps_per_generation`` micro-batches. The update happens at the first optimizer
-        step that ends together with a cycle: under TRL's defaults every optimizer step; with ``num_iterations = 2``
-        every second one; when one optimizer step spans several cycles, once per optimizer step.
+        A cycle is ``num_iterations · steps_per_generation`` micro-batches, an optimizer step
+        ``gradient_accumulation_steps``. The update happens at the first optimizer step that ends together with a
+        cycle: under TRL's defaults every optimizer step; with ``num_iterations = 2`` every second one; when one
+        optimizer step spans several cycles, once per optimizer step.
         """
         if not self.controllers:
             return
@@ -410,10 +411,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
             sums = torch.stack([(values.detach().float() * batch.mask).sum(), batch.mask.float().sum()])
             previous = self._cycle_statistics.get(statistic)
             self._cycle_statistics[statistic] = sums if previous is None else previous + sums
-        self._cycle_micro_batches += 1
         if not self.accelerator.sync_gradients:
             return
-        if self._cycle_micro_batches % (self.args.steps_per_generation * self.num_iterations) == 0:
+        self._cycle_optimizer_steps += 1
+        micro_batches = self._cycle_optimizer_steps * self.args.gradient_accumulation_steps
+        if micro_batches % (self.args.steps_per_generation * self.num_iterations) == 0:
             self._update_controllers()
         for controller in self.controllers.values():
             for metric, value in controller.metrics().items():
@@ -423,7 +425,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         """Reduce the cycle's sums across ranks and update every controller identically on each rank."""
         names = sorted(self._cycle_statistics)
         totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
-        self._cycle_statistics, self._cycle_micro_batches = {}, 0
+        self._cycle_statistics, self._cycle_optimizer_steps = {}, 0
         means = {}
         for name, (total, count) in zip(names, totals.tolist(), strict=True):
             means[name] = total / count if count > 0 else math.nan
@@ -453,7 +455,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         return {
             "controllers": {name: controller.state_dict() for name, controller in self.controllers.items()},
             "cycle_statistics": statistics,
-            "cycle_micro_batches": self._cycle_micro_batches,
+            "cycle_optimizer_steps": self._cycle_optimizer_steps,
             "trl_step": self._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
             "num_processes": self.accelerator.num_processes,
         }
@@ -503,7 +505,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
             name: torch.tensor(sums, device=device) * (1.0 if self.accelerator.is_main_process else 0.0)
             for name, sums in snapshot["cycle_statistics"].items()
         }
-        self._cycle_micro_batches = snapshot["cycle_micro_batches"]
+        self._cycle_optimizer_steps = snapshot["cycle_optimizer_steps"]
         self._step = snapshot["trl_step"]
         if self._step % (self.args.steps_per_generation * self.num_iterations) != 0:
             path = os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=self.accelerator.process_index))
