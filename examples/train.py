@@ -1,10 +1,11 @@
 """Train a policy with GRPO or one of the entropy-control methods.
 
 Every field of the method's config, of TRL's `ModelConfig` (LoRA included) and of the script arguments below is a flag
-and a YAML key (`--config file.yaml`).
+and a YAML key (`--config file.yaml`); the command line wins over the file. `--help` lists the method's own options
+first (`--method aent --help` for AEnt's).
 
 The default run needs no network: the built-in toy policy (a tiny model warm-started on arithmetic) on the toy task,
-on a CPU, with the toy recipe of `trl_entropy.methods.TOY_TRAINING_DEFAULTS` (400 steps, under a minute on an idle
+on a CPU, with the toy recipe of `trl_entropy.methods.TOY_TRAINING_DEFAULTS` (400 steps, about a minute on an idle
 core). `examples/configs/<method>.yaml` holds each method's toy-scale settings (those of the entropy-collapse demo):
 
     python examples/train.py --method aent
@@ -15,28 +16,70 @@ A real model on a real math dataset with a verifiable reward (GSM8K's `question`
 
     accelerate launch --config_file examples/accelerate/multi_gpu.yaml examples/train.py --method repo_r \\
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \\
-        --use_vllm --vllm_mode colocate --bf16
+        --use_vllm --vllm_mode colocate
 
 `--use_peft` trains a LoRA adapter with TRL's LoRA options (`--lora_r`, `--lora_alpha`, `--lora_target_modules`, ...).
+Each kind of run saves to its own folder unless `--output_dir` says otherwise: `outputs/<method>[-<config>]-<model>`,
+with `-lora` for an adapter (`outputs/aent-toy`, `outputs/repo_r-Qwen2.5-0.5B-Instruct-lora`).
+
+Precision: TRL trains in bf16 by default, which needs a GPU that has it. Without one (or with `--use_cpu`) and with
+neither `--bf16` nor `--fp16` given, the script trains in fp32 and says so in one line.
 """
 
+import argparse
+import logging
 import sys
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import yaml
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
+from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
-from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
+from trl_entropy import EntropyGRPOConfig
+from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
 
 
 INSTRUCTION = " Give the final answer as \\boxed{answer}."
+USAGE = "%(prog)s [--method NAME] [--config FILE.yaml] [--OPTION VALUE ...]"
+# TRL fields that are the whole of a method implemented by TRL itself: listed with the method's own options.
+TRL_OPTIONS_OF_METHOD = {
+    "entreg": [
+        "entropy_coef",
+        "use_adaptive_entropy",
+        "entropy_target",
+        "entropy_coef_delta",
+        "entropy_coef_min",
+        "entropy_coef_max",
+    ]
+}
+# Upstream deprecation notices a user of this script cannot act on (TRL 1.16 still calls transformers' old
+# gradient-checkpointing names). Only these are hidden; every other warning, this library's included, still shows.
+KNOWN_UPSTREAM_WARNINGS = [(FutureWarning, r"`(is_)?gradient_checkpointing\w*` is deprecated")]
+# DeepSpeed's import-time note on a machine without a GPU; the script's own precision notice says what matters.
+KNOWN_UPSTREAM_LOG = ("DeepSpeed", "Setting accelerator to CPU")
+
+
+def hide_known_upstream_noise() -> None:
+    for category, message in KNOWN_UPSTREAM_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    logger_name, prefix = KNOWN_UPSTREAM_LOG
+    logging.getLogger(logger_name).addFilter(lambda record: not record.getMessage().startswith(prefix))
 
 
 @dataclass
 class TrainScriptArguments(ScriptArguments):
     """Script arguments: TRL's dataset options plus the method and the toy task's size."""
 
-    method: str = field(default="grpo", metadata={"help": "The method to train with.", "choices": sorted(METHODS)})
+    method: str = field(
+        default="grpo",
+        metadata={
+            "help": "The method to train with: "
+            + "; ".join(f"{name} = {method.description}" for name, method in METHODS.items())
+            + ". `--method NAME --help` lists that method's options.",
+            "choices": list(METHODS),
+        },
+    )
     toy_num_prompts: int = field(
         default=TOY_NUM_PROMPTS,
         metadata={
@@ -51,6 +94,153 @@ class TrainScriptArguments(ScriptArguments):
     )
 
 
+def usage_error(message: str):
+    """Exit as argparse does on a bad command line: the usage line, the message, status 2, no traceback."""
+    argparse.ArgumentParser(usage=USAGE, add_help=False).error(message)
+
+
+def bf16_accelerator_available() -> bool:
+    """Whether transformers accepts bf16 without --use_cpu on this machine (its own test)."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    return is_torch_bf16_gpu_available() or is_torch_xla_available()
+
+
+def method_option_names(method_name: str) -> list[str]:
+    """The options that make the method what it is: its config's fields that the base lacks or sets otherwise, the
+    registry's defaults for it, and the TRL fields of a method TRL implements itself."""
+    method = METHODS[method_name]
+    base = {item.name: item for item in fields(EntropyGRPOConfig)}
+    names = [
+        item.name
+        for item in fields(method.config_class)
+        if item.name not in base
+        or (item.default, item.default_factory) != (base[item.name].default, base[item.name].default_factory)
+    ]
+    for name in [*method.defaults, *TRL_OPTIONS_OF_METHOD.get(method_name, [])]:
+        if name not in names:
+            names.append(name)
+    return names
+
+
+class TrainParser(TrlParser):
+    """TRL's parser for one method, with this script's help layout, precision fallback and default output folder."""
+
+    def __init__(self, method_name: str, config_file: str | None = None):
+        self.method_name = method_name
+        self.config_file = config_file
+        self.notices: list[str] = []  # printed once the run is known to start
+        method = METHODS[method_name]
+        super().__init__(
+            (TrainScriptArguments, method.config_class, ModelConfig),
+            usage=USAGE,
+            allow_abbrev=False,  # `--meth aent` would parse, but the parser is built for the method named in full
+            description="Train a policy with GRPO or an entropy-control method (trl_entropy). Without "
+            "--model_name_or_path it trains the built-in toy policy on the toy task, on the CPU.",
+            epilog="Examples: docs/getting_started.md. Each method's page in docs/ explains its options.",
+        )
+        # TrlParser reads --config itself before parsing; it is declared here only so that --help shows it.
+        self.add_argument(
+            "--config",
+            metavar="FILE.yaml",
+            default=argparse.SUPPRESS,
+            help="YAML file of option values (any flag below, without the dashes; `method:` included). The command "
+            "line wins over the file. examples/configs/ has one per method.",
+        )
+        optional_bools = {
+            item.name for dtype in self.dataclass_types for item in fields(dtype) if item.type == bool | None
+        }
+        for action in self._actions:
+            if action.dest in optional_bools and action.option_strings[0] == f"--{action.dest}":
+                # TRL's `bf16: bool | None` would otherwise need a value: `--bf16` alone means true, like every flag.
+                action.nargs, action.const = "?", True
+            if action.dest == "output_dir":
+                action.help = (
+                    "Where the model (or LoRA adapter) and checkpoints go. Default: a folder per kind of run, "
+                    "outputs/<method>[-<config file>]-<model>[-lora]."
+                )
+
+    def help_sections(self) -> list[tuple[str, str | None, list]]:
+        """(title, text, actions) in the order --help shows them: the choice of method first, TRL's options last."""
+        method = METHODS[self.method_name]
+        own = method_option_names(self.method_name)
+        grpo = {item.name for item in fields(GRPOConfig)}
+        kernel = [item.name for item in fields(EntropyGRPOConfig) if item.name not in grpo]
+        script = [item.name for item in fields(TrainScriptArguments) if item.name != "method"]
+        model = [item.name for item in fields(ModelConfig)]
+        groups = {
+            "choice": ["help", "method", "config"],
+            "own": own,
+            "kernel": kernel,
+            "script": script,
+            "model": model,
+        }
+        placed = {name for names in groups.values() for name in names}
+        by_dest = {name: [action for action in self._actions if action.dest == name] for name in placed}
+        rest = [action for action in self._actions if action.dest not in placed]
+        own_text = None if own else "No options of its own: its settings are TRL's, listed last."
+        return [
+            ("choose the method", None, [a for name in groups["choice"] for a in by_dest[name]]),
+            (
+                f"{self.method_name}: {method.description} ({method.config_class.__name__})",
+                own_text,
+                [a for name in own for a in by_dest[name]],
+            ),
+            ("entropy kernel (every method)", None, [a for name in kernel for a in by_dest[name]]),
+            ("data and the toy task", None, [a for name in script for a in by_dest[name]]),
+            ("model, LoRA and quantization (TRL's ModelConfig)", None, [a for name in model for a in by_dest[name]]),
+            ("training (TRL's GRPOConfig and transformers' TrainingArguments)", None, rest),
+        ]
+
+    def format_help(self) -> str:
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        formatter.add_text(self.description)
+        for title, text, actions in self.help_sections():
+            formatter.start_section(title)
+            formatter.add_text(text)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+        formatter.add_text(self.epilog)
+        return formatter.format_help()
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        self.resolve_precision(namespace)
+        if namespace.output_dir is None:
+            namespace.output_dir = default_output_dir(
+                self.method_name, self.config_file, namespace.model_name_or_path, namespace.use_peft
+            )
+        return namespace, unknown
+
+    def resolve_precision(self, namespace) -> None:
+        """TRL's default bf16 is refused by transformers without a GPU that has it: fall back to fp32 there."""
+        accelerator = bf16_accelerator_available()
+        if namespace.bf16 is None and not namespace.fp16 and (namespace.use_cpu or not accelerator):
+            namespace.bf16 = False
+            reason = "--use_cpu" if namespace.use_cpu else "no GPU with bf16 support here"
+            self.notices.append(f"train.py: {reason}: training in fp32 (TRL's default, bf16, is for GPUs)")
+        elif namespace.bf16 and not namespace.use_cpu and not accelerator:
+            self.error(
+                "--bf16 needs a GPU with bf16 support and this machine has none: leave --bf16 out to train in fp32, "
+                "or add --use_cpu to train in bf16 on the CPU"
+            )
+
+
+def default_output_dir(method_name: str, config_file: str | None, model: str | None, use_peft: bool) -> str:
+    """outputs/<method>[-<config file>]-<model>[-lora]: the same for every process of a run, different for runs that
+    save different things (a full model and a LoRA adapter never share a folder)."""
+    parts = [method_name]
+    if config_file is not None and Path(config_file).stem != method_name:
+        parts.append(Path(config_file).stem)
+    parts.append("toy" if model is None else Path(model.rstrip("/")).name)
+    if use_peft:
+        parts.append("lora")
+    return str(Path("outputs") / "-".join(parts))
+
+
 def option_value(argv: list[str], name: str) -> str | None:
     """The value of ``--name`` on the command line (``--name value`` or ``--name=value``), else None."""
     for index, argument in enumerate(argv):
@@ -61,21 +251,76 @@ def option_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def build_parser(argv: list[str]) -> TrlParser:
+def read_config_file(path: str) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        usage_error(f"argument --config: no config file at {path}")
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        usage_error(f"argument --config: {path} is not valid YAML: {error}")
+    if values is not None and not isinstance(values, dict):
+        usage_error(f"argument --config: {path} must hold option names and values (a YAML mapping)")
+    return values or {}
+
+
+def build_parser(argv: list[str]) -> TrainParser:
     """A parser for the method named on the command line or in the YAML config, with that method's defaults."""
     config_file = option_value(argv, "config")
-    from_yaml = {}
-    if config_file is not None:
-        with open(config_file) as file:
-            from_yaml = yaml.safe_load(file) or {}
-    method_name = option_value(argv, "method") or from_yaml.get("method", "grpo")
-    method = get_method(method_name)
-    parser = TrlParser((TrainScriptArguments, method.config_class, ModelConfig))
-    defaults = {"output_dir": f"outputs/{method_name}", **method.defaults}
+    from_yaml = read_config_file(config_file) if config_file is not None else {}
+    method_name = option_value(argv, "method")
+    source = "" if method_name is not None else f" (in {config_file})"
+    if method_name is None:
+        method_name = from_yaml.get("method", "grpo")
+    if not isinstance(method_name, str) or method_name not in METHODS:
+        usage_error(f"argument --method: unknown method {method_name!r}{source}; choose one of {', '.join(METHODS)}")
+    parser = TrainParser(method_name, config_file)
+    defaults = dict(METHODS[method_name].defaults)
     if option_value(argv, "model_name_or_path") is None and "model_name_or_path" not in from_yaml:
         defaults.update(TOY_TRAINING_DEFAULTS)
     parser.set_defaults(**defaults)
     return parser
+
+
+def split_config_option(argument: str) -> list[str]:
+    """``--config=FILE`` as ``--config FILE``, the only form TrlParser reads."""
+    return argument.split("=", 1) if argument.startswith("--config=") else [argument]
+
+
+def parse_arguments(argv: list[str]):
+    """``(parser, script_args, training_args, model_args)``; a bad command line or config exits with a usage error."""
+    argv = [part for argument in argv for part in split_config_option(argument)]
+    parser = build_parser(argv)
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    except ValueError as error:  # the configs' own checks, which name the field and the fix
+        parser.error(str(error))
+    if script_args.method == "entreg" and training_args.entropy_coef == 0 and not training_args.use_adaptive_entropy:
+        parser.error("--method entreg needs --entropy_coef > 0 or --use_adaptive_entropy")
+    return parser, script_args, training_args, model_args
+
+
+def check_model_exists(parser: TrainParser, name_or_path: str, revision: str) -> None:
+    """Fail early, naming the model, when ``name_or_path`` is neither a model folder nor a model on the Hub."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    from transformers.utils import cached_file
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            parser.error(f"no model at {name_or_path}: the folder has no config.json")
+        return
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:  # only a path can look like this
+        parser.error(f"no model at {name_or_path}: no such folder")
+    try:
+        cached_file(name_or_path, "config.json", revision=revision)
+    except OSError as error:
+        reason = str(error).split("\n")[0]
+        parser.error(f"no model at {name_or_path}: no such folder, and not a model on the Hugging Face Hub ({reason})")
 
 
 def real_math_dataset(script_args):
@@ -106,11 +351,9 @@ def real_math_dataset(script_args):
 
 
 def main(argv: list[str]) -> None:
-    parser = build_parser(argv)
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    method = get_method(script_args.method)
-    if script_args.method == "entreg" and training_args.entropy_coef == 0 and not training_args.use_adaptive_entropy:
-        raise ValueError("--method entreg needs --entropy_coef > 0 or --use_adaptive_entropy")
+    hide_known_upstream_noise()
+    parser, script_args, training_args, model_args = parse_arguments(argv)
+    method = METHODS[script_args.method]
 
     if model_args.model_name_or_path is None:
         import torch
@@ -128,8 +371,9 @@ def main(argv: list[str]) -> None:
 
         from trl_entropy.rewards import math_answer_reward
 
+        check_model_exists(parser, model_args.model_name_or_path, model_args.model_revision)
         if script_args.dataset_name is None:
-            raise ValueError("--model_name_or_path needs --dataset_name (a math dataset with verifiable answers)")
+            parser.error("--model_name_or_path needs --dataset_name (a math dataset with verifiable answers)")
         model = model_args.model_name_or_path
         training_args.model_init_kwargs = {
             "revision": model_args.model_revision,
@@ -142,6 +386,8 @@ def main(argv: list[str]) -> None:
         train_dataset = real_math_dataset(script_args)
         reward = math_answer_reward
 
+    for notice in parser.notices:
+        print(notice, file=sys.stderr)
     trainer = method.trainer_class(
         model=model,
         reward_funcs=reward,
@@ -153,6 +399,9 @@ def main(argv: list[str]) -> None:
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        saved = "LoRA adapter" if model_args.use_peft else "model"
+        print(f"train.py: saved the {saved} to {training_args.output_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,25 @@
-"""examples/train.py (every --method, a YAML config, LoRA, the errors) and the entropy-collapse demo, on the toy task.
+"""examples/train.py (every --method, a YAML config, LoRA, the errors, --help, precision, output folders) and the
+entropy-collapse demo, on the toy task.
 
-train.py runs as a subprocess, as a user runs it, with a one-step budget; the warm-started toy policy is built once
-per session into a cache folder that every run shares.
+Training runs go through a subprocess, as a user runs the script, with a one-step budget; the warm-started toy policy
+comes from the test suite's persistent cache. Command-line errors run in this process (`main` exits through argparse,
+exactly as the script does) and two of them also as a real process, to check what the user sees.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TOY_CACHE
 
+from trl_entropy import EntropyGRPOConfig
 from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
 
 
@@ -42,13 +48,12 @@ def load_module(path: Path, name: str):
 
 
 @pytest.fixture(scope="session")
-def toy_cache(tmp_path_factory):
-    """A toy-policy cache folder with the seed-0 policy already built (every run below loads it from there)."""
+def toy_cache():
+    """The test suite's toy-policy cache with the seed-0 policy built (every run below loads it from there)."""
     from trl_entropy.toy import build_toy_policy
 
-    cache = tmp_path_factory.mktemp("toy_policy_cache")
-    build_toy_policy(seed=0, cache_dir=cache)
-    return str(cache)
+    build_toy_policy(seed=0, cache_dir=TOY_CACHE)
+    return str(TOY_CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +79,14 @@ def logged_metrics(output: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_train_runs_every_method(method, toy_cache, tmp_path):
-    output_dir = tmp_path / "out"
-    result = run_train(
-        ["--method", method, *TINY, "--output_dir", str(output_dir), "--toy_policy_cache", toy_cache], tmp_path
-    )
+    result = run_train(["--method", method, *TINY, "--toy_policy_cache", toy_cache], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
+    output_dir = tmp_path / "outputs" / f"{method}-toy"  # the default folder, relative to where the user runs it
     assert (output_dir / "model.safetensors").exists()
+    assert f"saved the model to outputs/{method}-toy" in result.stderr
+    # Known upstream noise stays out of the output (the script filters it); anything else would show here.
+    assert "FutureWarning" not in result.stderr and "Setting accelerator to CPU" not in result.stderr
+    assert "Traceback" not in result.stderr
     metrics = logged_metrics(result.stdout + result.stderr)
     assert METHOD_METRIC[method] in metrics, sorted(metrics)
     assert 0.0 < float(metrics["entropy"]) < 4.0  # a real entropy of a 47-token vocabulary, not a placeholder
@@ -111,13 +118,11 @@ def test_train_yaml_config_and_command_line_override(toy_cache, tmp_path):
 
 
 def test_train_use_peft_trains_a_lora_adapter(toy_cache, tmp_path):
-    output_dir = tmp_path / "out"
     lora = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
-    result = run_train(
-        ["--method", "repo_r", *TINY, *lora, "--output_dir", str(output_dir), "--toy_policy_cache", toy_cache],
-        tmp_path,
-    )
+    result = run_train(["--method", "repo_r", *TINY, *lora, "--toy_policy_cache", toy_cache], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
+    output_dir = tmp_path / "outputs" / "repo_r-toy-lora"  # never the full model's default folder
+    assert "saved the LoRA adapter to outputs/repo_r-toy-lora" in result.stderr
     adapter = json.loads((output_dir / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and adapter["lora_alpha"] == 8
     assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
@@ -125,41 +130,171 @@ def test_train_use_peft_trains_a_lora_adapter(toy_cache, tmp_path):
     assert not (output_dir / "model.safetensors").exists()  # only the adapter was trained and saved
 
 
-def test_train_unknown_method_is_a_clear_error(tmp_path):
-    result = run_train(["--method", "ppo", "--output_dir", str(tmp_path / "out")], tmp_path)
-    assert result.returncode != 0
-    assert "unknown method 'ppo'" in result.stderr
-    assert "grpo" in result.stderr and "repo_r" in result.stderr  # it lists the valid names
+METHOD_NAMES = "grpo, entreg, aent, clip_cov, kl_cov, repo_r, repo_d, adapo"
+# (command line, what stderr says). `{tmp}` is a fresh folder holding `list.yaml` (a YAML list) and `ppo.yaml`
+# (`method: ppo`); `{model}` is a saved toy model.
+CLI_ERRORS = {
+    "unknown method": (["--method", "ppo"], f"argument --method: unknown method 'ppo'; choose one of {METHOD_NAMES}"),
+    "unknown method in the YAML": (
+        ["--config", "{tmp}/ppo.yaml"],
+        f"argument --method: unknown method 'ppo' (in {{tmp}}/ppo.yaml); choose one of {METHOD_NAMES}",
+    ),
+    "missing config file": (["--config", "{tmp}/nope.yaml"], "argument --config: no config file at {tmp}/nope.yaml"),
+    "config not a mapping": (
+        ["--config", "{tmp}/list.yaml"],
+        "argument --config: {tmp}/list.yaml must hold option names and values (a YAML mapping)",
+    ),
+    "unknown option": (["--method", "aent", "--aent_coef", "1"], "unrecognized arguments: --aent_coef 1"),
+    "bad config value": (["--method", "aent", "--aent_clamp_fraction", "1.5"], "aent_clamp_fraction"),
+    "entreg without a coefficient": (
+        ["--method", "entreg", "--entropy_coef", "0"],
+        "--method entreg needs --entropy_coef > 0 or --use_adaptive_entropy",
+    ),
+    "missing model folder": (["--model_name_or_path", "{tmp}/no_model"], "no model at {tmp}/no_model: no such folder"),
+    "folder without a model": (["--model_name_or_path", "{tmp}"], "no model at {tmp}: the folder has no config.json"),
+    "model name not on the Hub (offline)": (
+        ["--model_name_or_path", "nobody/no-such-model"],
+        "no model at nobody/no-such-model: no such folder, and not a model on the Hugging Face Hub",
+    ),
+    "model without a dataset": (
+        ["--model_name_or_path", "{model}"],
+        "--model_name_or_path needs --dataset_name (a math dataset with verifiable answers)",
+    ),
+    "bf16 without a GPU": (
+        ["--model_name_or_path", "{model}", "--bf16"],
+        "--bf16 needs a GPU with bf16 support and this machine has none: leave --bf16 out to train in fp32, or add "
+        "--use_cpu to train in bf16 on the CPU",
+    ),
+}
 
 
-def test_train_unknown_method_in_yaml_is_a_clear_error(train_module, tmp_path):
-    config = tmp_path / "run.yaml"
-    config.write_text("method: entropy_magic\n")
-    with pytest.raises(ValueError, match="unknown method 'entropy_magic'"):
-        train_module.build_parser(["--config", str(config)])
+def fill(arguments: list[str], tmp_path: Path, model: str) -> list[str]:
+    return [argument.format(tmp=tmp_path, model=model) for argument in arguments]
 
 
-def test_train_entreg_without_coefficient_is_an_error(train_module, toy_cache, tmp_path):
-    arguments = ["--method", "entreg", "--entropy_coef", "0", "--output_dir", str(tmp_path / "out")]
-    with pytest.raises(ValueError, match="entreg needs --entropy_coef > 0 or --use_adaptive_entropy"):
-        train_module.main([*arguments, "--toy_policy_cache", toy_cache])
+@pytest.fixture
+def error_case_folder(tmp_path):
+    (tmp_path / "list.yaml").write_text("- method\n- aent\n")
+    (tmp_path / "ppo.yaml").write_text("method: ppo\n")
+    return tmp_path
 
 
-def test_train_real_model_needs_a_dataset(train_module, toy_model_path, tmp_path):
-    arguments = ["--model_name_or_path", toy_model_path, "--output_dir", str(tmp_path / "out"), "--use_cpu"]
-    with pytest.raises(ValueError, match="needs --dataset_name"):
-        train_module.main(arguments)
+@pytest.mark.parametrize("case", list(CLI_ERRORS))
+def test_train_command_line_errors(case, train_module, error_case_folder, toy_model_path, capsys, monkeypatch):
+    """A usage line and one message, exit status 2, before anything is loaded or trained (as on a machine without a
+    GPU, whatever this one has)."""
+    monkeypatch.setattr(train_module, "bf16_accelerator_available", lambda: False)
+    arguments, message = CLI_ERRORS[case]
+    with pytest.raises(SystemExit) as exit_info:
+        train_module.main(fill(arguments, error_case_folder, toy_model_path))
+    assert exit_info.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith("usage: ") and printed.out == ""
+    assert f"error: {message.format(tmp=error_case_folder)}" in printed.err
+    assert "training in fp32" not in printed.err  # the precision notice waits until the run really starts
+
+
+@pytest.mark.parametrize("case", ["unknown method", "missing model folder"])
+def test_train_command_line_error_as_a_process(case, tmp_path):
+    arguments, message = CLI_ERRORS[case]
+    result = run_train(fill(arguments, tmp_path, ""), tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == f"train.py: error: {message.format(tmp=tmp_path)}"
+
+
+# (extra flags, bf16 GPU present, bf16 in the config, the notice); a real model path, so TRL's own defaults apply.
+PRECISION = [
+    ([], False, False, "train.py: no GPU with bf16 support here: training in fp32 (TRL's default, bf16, is for GPUs)"),
+    (["--use_cpu"], True, False, "train.py: --use_cpu: training in fp32 (TRL's default, bf16, is for GPUs)"),
+    (["--bf16", "--use_cpu"], False, True, None),  # `--bf16` alone means true
+    (["--bf16", "false"], False, False, None),
+]
+
+
+@pytest.mark.parametrize(("flags", "gpu", "bf16", "notice"), PRECISION)
+def test_train_precision_without_a_bf16_gpu(flags, gpu, bf16, notice, train_module, toy_model_path, monkeypatch):
+    monkeypatch.setattr(train_module, "bf16_accelerator_available", lambda: gpu)
+    parser, _, training_args, _ = train_module.parse_arguments(["--model_name_or_path", toy_model_path, *flags])
+    assert training_args.bf16 is bf16
+    assert parser.notices == ([notice] if notice else [])
+
+
+OUTPUT_DIRS = [
+    (["--method", "aent"], "outputs/aent-toy"),
+    (["--method", "aent", "--use_peft"], "outputs/aent-toy-lora"),
+    (["--config", "examples/configs/aent.yaml"], "outputs/aent-toy"),
+    (["--config=examples/configs/clip_low.yaml"], "outputs/grpo-clip_low-toy"),
+    (
+        ["--method", "kl_cov", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct/"],
+        "outputs/kl_cov-Qwen2.5-0.5B-Instruct",
+    ),
+    (["--method", "aent", "--output_dir", "mine"], "mine"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "output_dir"), OUTPUT_DIRS)
+def test_train_default_output_dir_per_kind_of_run(arguments, output_dir, train_module, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    _, _, training_args, _ = train_module.parse_arguments(arguments)
+    assert training_args.output_dir == output_dir
+
+
+def test_examples_hide_only_known_upstream_warnings(train_module, tmp_path):
+    """The real upstream deprecation warning (TRL's config construction) is hidden; the same words under another
+    category, and any other message, still show."""
+    message = "`gradient_checkpointing` is deprecated"
+    with warnings.catch_warnings(record=True) as before:
+        warnings.simplefilter("always")
+        EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    assert any(message in str(item.message) and item.category is FutureWarning for item in before)
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        train_module.hide_known_upstream_noise()
+        EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+        warnings.warn(message, UserWarning, stacklevel=1)
+        warnings.warn("clip_cov_ratio has no effect", FutureWarning, stacklevel=1)
+    assert not any(message in str(item.message) and item.category is FutureWarning for item in after)
+    assert [str(item.message) for item in after if item.category in (UserWarning, FutureWarning)][-2:] == [
+        message,
+        "clip_cov_ratio has no effect",
+    ]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_train_help_shows_the_method_first(method, train_module, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_module.main(["--method", method, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    titles = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles[:2] == [
+        "choose the method:",
+        f"{method}: {METHODS[method].description} ({METHODS[method].config_class.__name__}):",
+    ]
+    assert titles[-1] == "training (TRL's GRPOConfig and transformers' TrainingArguments):"
+    sections = {title: text[text.index(title) :] for title in titles}
+    first = sections[titles[0]][: sections[titles[0]].index(titles[1])]
+    assert "--method" in first and "--config FILE.yaml" in first
+    own = sections[titles[1]][: sections[titles[1]].index(titles[2])]
+    # The method's own options: its config's fields that EntropyGRPOConfig lacks, and the registry's settings for it.
+    base = {item.name for item in dataclasses.fields(EntropyGRPOConfig)}
+    expected = [item.name for item in dataclasses.fields(METHODS[method].config_class) if item.name not in base]
+    for name in [*expected, *METHODS[method].defaults]:
+        assert f"  --{name} " in own, name
+    # Every option of the parser is listed exactly once (an option's line starts with its first flag).
+    listed = [line.split()[0].rstrip(",") for line in text.splitlines() if line.startswith("  -")]
+    parser = train_module.build_parser(["--method", method])
+    assert sorted(listed) == sorted(action.option_strings[0] for action in parser._actions)
 
 
 def test_train_toy_defaults_apply_only_without_a_model(train_module):
-    _, toy_args, _ = train_module.build_parser(["--method", "repo_d"]).parse_args_and_config(
-        args=["--method", "repo_d"]
-    )
+    _, _, toy_args, _ = train_module.parse_arguments(["--method", "repo_d"])
     for name, value in TOY_TRAINING_DEFAULTS.items():
         assert getattr(toy_args, name) == value, name
     assert toy_args.repo_variant == "D"
     real = ["--method", "grpo", "--model_name_or_path", "some/model", "--output_dir", "out", "--use_cpu"]
-    _, real_args, model_args = train_module.build_parser(real).parse_args_and_config(args=real)
+    _, _, real_args, model_args = train_module.parse_arguments(real)
     assert real_args.learning_rate == 1e-6  # TRL's own default, not the toy recipe's
     assert model_args.model_name_or_path == "some/model"
 
@@ -249,9 +384,10 @@ def test_train_real_model_on_a_local_math_dataset(toy_cache, tmp_path):
     dataset = write_jsonl(tmp_path / "gsm", rows)
     output_dir = tmp_path / "out"
     arguments = ["--method", "aent", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", dataset]
-    arguments += ["--use_cpu", "--bf16", "false", "--report_to", "none", "--max_completion_length", "8"]
+    arguments += ["--use_cpu", "--report_to", "none", "--max_completion_length", "8"]
     result = run_train([*arguments, *TINY, "--output_dir", str(output_dir)], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "train.py: --use_cpu: training in fp32" in result.stderr  # TRL's bf16 default gave way, with a notice
     metrics = logged_metrics(result.stdout + result.stderr)
     assert "rewards/math_answer_reward/mean" in metrics and "aent/coef" in metrics
     assert float(metrics["learning_rate"]) == pytest.approx(1e-6)  # TRL's default schedule, not the toy recipe's
