@@ -1,4 +1,5 @@
-"""Clip-Cov and KL-Cov (SPEC.md "Clip-Cov", "KL-Cov"), checked against an independent implementation of the SPEC.
+"""Clip-Cov and KL-Cov (SPEC.md "Clip-Cov", "KL-Cov", "Covariance selection over the generation batch"), checked
+against an independent implementation of the SPEC.
 
 The reference below selects tokens with plain-Python loops over float64 values and computes the loss from the
 model's full logits in float64 (a fresh copy of the model loaded in float64), so neither the kernel, the base trainer
@@ -13,21 +14,27 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import make_grpo_batch, naive_log_probs
+from cov_scope_run import FRACTION, METHODS, train_recording
+from distributed_run import make_trainer
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.cov import (
     CLIP_COV_GENERATOR_FILE,
+    COV_SELECTION_KEY,
     ClipCovConfig,
     ClipCovTrainer,
     KLCovConfig,
     KLCovTrainer,
     clip_cov_selection,
+    generation_batch_seed,
     kl_cov_selection,
+    pooled_covariance,
     ppo_clip_active,
     selection_count,
 )
+from trl_entropy.diagnostics import covariance_moments
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -334,6 +341,41 @@ def test_kl_cov_selection_against_sorting():
     assert len(chosen) == reference_count(0.1, len(valid)) and chosen <= set(valid)
 
 
+def test_kl_cov_selection_breaks_ties_by_position():
+    """Tokens tied at the k-th value: the earliest in row-major order are chosen, whatever the size of the tensor."""
+    cov = torch.tensor([[0.5, 2.0, 1.0, 1.0], [1.0, 3.0, 1.0, 0.0]])
+    mask = torch.ones(2, 4)
+    mask[0, 2] = 0  # a masked tie is skipped
+    # 7 valid tokens, k = 4: 3.0, 2.0, then two of the three valid 1.0s, the first two in row-major order.
+    assert selected_set(kl_cov_selection(cov, mask, 4 / 7)) == {(1, 1), (0, 1), (0, 3), (1, 0)}
+    wide = torch.cat([torch.full((2, 4), -1.0), cov], 1)  # the same tokens in a wider tensor, after lower values
+    wide_mask = torch.cat([torch.zeros(2, 4), mask], 1)
+    assert selected_set(kl_cov_selection(wide, wide_mask, 4 / 7)) == {(1, 5), (0, 5), (0, 7), (1, 4)}
+
+
+def test_pooled_covariance_centres_over_the_whole_pool():
+    """Two halves of a batch, each centred with the moments summed over both, give the whole batch's covariance."""
+    generator = torch.Generator().manual_seed(3)
+    log_probs = -torch.rand(6, 5, generator=generator) * 3
+    advantages = torch.randn(6, generator=generator)
+    mask = torch.ones(6, 5)
+    mask[1, 2:] = 0
+    mask[4, 1:] = 0
+    expected = reference_covariance(log_probs.tolist(), advantages.tolist(), mask.tolist())
+    halves = [slice(0, 2), slice(2, 6)]  # unequal, like two ranks with different numbers of tokens
+    moments = sum(covariance_moments(log_probs[rows], advantages[rows], mask[rows]) for rows in halves)
+    pooled = torch.cat([pooled_covariance(log_probs[rows], advantages[rows], mask[rows], moments) for rows in halves])
+    assert pooled.dtype == torch.float64
+    for (i, t), value in expected.items():
+        assert pooled[i, t].item() == pytest.approx(value, rel=1e-12, abs=1e-12)
+    assert not pooled[~mask.bool()].any()
+    # Centred on a half alone, the terms differ: the pool's means matter.
+    alone = pooled_covariance(
+        log_probs[:2], advantages[:2], mask[:2], covariance_moments(*(x[:2] for x in (log_probs, advantages, mask)))
+    )
+    assert not torch.allclose(alone, pooled[:2])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------------------------------
@@ -348,6 +390,7 @@ def test_config_defaults(tmp_path):
     assert (clip.clip_cov_ratio, clip.clip_cov_lb, clip.clip_cov_ub, clip.epsilon) == (2e-4, 1.0, 5.0, 0.2)
     kl = make_config(KLCovConfig, tmp_path, num_iterations=2)
     assert (kl.kl_cov_ratio, kl.kl_cov_coef) == (2e-3, 1.0)
+    assert clip.cov_selection_scope == kl.cov_selection_scope == "micro_batch"  # the authors' code
     for config_class in (ClipCovConfig, KLCovConfig):
         for config_field in dataclasses.fields(config_class):
             assert config_field.metadata.get("help"), config_field.name
@@ -365,6 +408,8 @@ def test_config_defaults(tmp_path):
         (ClipCovConfig, {"clip_cov_lb": float("nan")}, "clip_cov_lb=nan"),
         (ClipCovConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
         (ClipCovConfig, {"loss_type": "cispo"}, "loss_type='cispo'"),
+        (ClipCovConfig, {"cov_selection_scope": "global"}, "cov_selection_scope='global'"),
+        (KLCovConfig, {"cov_selection_scope": "rank"}, "cov_selection_scope='rank'"),
         (KLCovConfig, {"kl_cov_ratio": 0.0}, "kl_cov_ratio"),
         (KLCovConfig, {"kl_cov_ratio": 2.0}, "kl_cov_ratio"),
         (KLCovConfig, {"kl_cov_coef": -1.0}, "kl_cov_coef=-1.0"),
@@ -381,20 +426,39 @@ def test_config_rejects_bad_values(tmp_path, config_class, options, message):
 
 
 def test_config_accepts_supported_options(tmp_path):
-    for loss_type in LOSS_TYPES:
-        make_config(ClipCovConfig, tmp_path, loss_type=loss_type, delta=1.5, epsilon_high=0.28)
-        make_config(KLCovConfig, tmp_path, loss_type=loss_type, num_iterations=2, kl_cov_coef=0.0)
+    for loss_type, scope in zip(LOSS_TYPES, itertools.cycle(["micro_batch", "generation_batch"])):
+        make_config(
+            ClipCovConfig, tmp_path, loss_type=loss_type, delta=1.5, epsilon_high=0.28, cov_selection_scope=scope
+        )
+        make_config(
+            KLCovConfig, tmp_path, loss_type=loss_type, num_iterations=2, kl_cov_coef=0.0, cov_selection_scope=scope
+        )
     make_config(ClipCovConfig, tmp_path, clip_cov_ratio=1.0, clip_cov_lb=-1.0, clip_cov_ub=float("inf"))
 
 
-def test_kl_cov_warns_when_fully_on_policy(tmp_path):
-    with pytest.warns(UserWarning, match="on-policy"):
+def on_policy_warnings(caught):
+    return [w for w in caught if "on-policy" in str(w.message)]
+
+
+def test_kl_cov_warns_once_per_trainer_when_fully_on_policy(warm_toy_policy_path, tmp_path):
+    """Fully on-policy (the penalty is identically 0): one warning when the trainer is built, none from the config or
+    the training steps; off-policy settings: none."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every occurrence, not once per code location
         make_config(KLCovConfig, tmp_path)  # steps_per_generation = gradient_accumulation_steps, one iteration
-    for options in ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, {"num_iterations": 2}):
+        assert not on_policy_warnings(caught)
+        trainer = make_trainer("kl_cov", warm_toy_policy_path, str(tmp_path / "on"), num_iterations=1, max_steps=2)
+        assert len(on_policy_warnings(caught)) == 1
+        trainer.train()
+        assert len(on_policy_warnings(caught)) == 1
+    assert len(logged(trainer, "loss")) == 2  # the steps ran
+    for name, options in {"later": {"gradient_accumulation_steps": 2, "steps_per_generation": 4}, "twice": {}}.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            make_config(KLCovConfig, tmp_path, **options)
-        assert not [w for w in caught if "on-policy" in str(w.message)], options
+            make_trainer(
+                "kl_cov", warm_toy_policy_path, str(tmp_path / name), **options
+            )  # num_iterations=2 by default
+        assert not on_policy_warnings(caught), options
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -769,3 +833,204 @@ def test_clip_cov_generator_state_in_checkpoints(warm_toy_policy_path, tmp_path)
     resumed.train(resume_from_checkpoint=os.path.join(options["output_dir"], "checkpoint-1"))
     # The resumed run's second step drew from checkpoint-1's state, so it ends where the uninterrupted run ended.
     assert torch.equal(resumed._clip_cov_generators["train"].get_state(), saved[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Covariance selection over the generation batch (cov_selection_scope="generation_batch")
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def generation_batch(path, tokenizer, seed, on_policy):
+    """A generation batch of 8 completions; on-policy, TRL leaves ``old_per_token_logps`` out."""
+    return batch(path, tokenizer, seed, batch=8, old_noise=None if on_policy else 0.4)
+
+
+def reference_pooled_covariance(path, inputs):
+    """{(i, t): Cov_t} over the whole generation batch in float64, from ℓ^old (a float64 model's if TRL skips it)."""
+    if "old_per_token_logps" in inputs:
+        rollout_log_probs = inputs["old_per_token_logps"].double()
+    else:
+        rollout_log_probs = naive_log_probs(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64), inputs)
+    advantages = inputs["advantages"].double().tolist()
+    return reference_covariance(rollout_log_probs.tolist(), advantages, inputs["completion_mask"].tolist())
+
+
+@pytest.mark.parametrize("on_policy", [True, False], ids=["on_policy", "off_policy"])
+def test_kl_cov_generation_batch_selection_equals_float64_reference(
+    toy_model_path, toy_tokenizer, tmp_path, on_policy
+):
+    """The top k of the whole generation batch by Cov_t from ℓ^old, centred over the whole batch."""
+    inputs = generation_batch(toy_model_path, toy_tokenizer, seed=60, on_policy=on_policy)
+    cov = reference_pooled_covariance(toy_model_path, inputs)
+    ratio = 0.2
+    count = reference_count(ratio, len(cov))
+    ranked = sorted(cov, key=lambda token: cov[token], reverse=True)
+    assert cov[ranked[count - 1]] - cov[ranked[count]] > 1e-5  # no near-tie at the cut
+    trainer = build_trainer(
+        KLCovTrainer,
+        KLCovConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        num_iterations=2,
+        kl_cov_ratio=ratio,
+        cov_selection_scope="generation_batch",
+    )
+    selected = trainer.select_over_generation_batch(dict(inputs))
+    assert selected.shape == inputs["completion_mask"].shape
+    assert selected_set(selected) == set(ranked[:count])
+    # The micro-batch rule on each half (its own means, its own k) picks other tokens: the pooling matters.
+    per_half = set()
+    for start in (0, 4):
+        half = {
+            key: value[start : start + 4] for key, value in inputs.items() if torch.is_tensor(value) and value.dim()
+        }
+        half_cov = reference_pooled_covariance(toy_model_path, half)
+        half_ranked = sorted(half_cov, key=lambda token: half_cov[token], reverse=True)
+        per_half |= {(i + start, t) for i, t in half_ranked[: reference_count(ratio, len(half_cov))]}
+    assert per_half != set(ranked[:count])
+
+
+@pytest.mark.parametrize("on_policy", [True, False], ids=["on_policy", "off_policy"])
+def test_clip_cov_generation_batch_selection_equals_float64_reference(
+    toy_model_path, toy_tokenizer, tmp_path, on_policy
+):
+    """Candidates lb < Cov_t < ub over the whole generation batch (every ratio is 1 at the rollout, so no clip is
+    active); n of them drawn by ``randperm`` from a generator seeded with the training seed and the step."""
+    inputs = generation_batch(toy_model_path, toy_tokenizer, seed=61, on_policy=on_policy)
+    cov = reference_pooled_covariance(toy_model_path, inputs)
+    lb, ub = window_around(list(cov.values()), len(cov) - 9, len(cov) - 1)  # eight candidates, the top one excluded
+    candidates = sorted(token for token in cov if lb < cov[token] < ub)  # row-major: the pool's order
+    assert len(candidates) == 8
+    options = dict(clip_cov_lb=lb, clip_cov_ub=ub, cov_selection_scope="generation_batch", seed=5)
+    trainer = build_trainer(
+        ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, clip_cov_ratio=1.0, **options
+    )
+    assert selected_set(trainer.select_over_generation_batch(dict(inputs))) == set(candidates)  # n >= candidates
+    trainer = build_trainer(
+        ClipCovTrainer,
+        ClipCovConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        clip_cov_ratio=3.5 / len(cov),
+        **options,
+    )
+    draws = []
+    for step in (0, 1, 0):
+        trainer.state.global_step = step
+        generator = torch.Generator().manual_seed(generation_batch_seed(5, step))
+        expected = {candidates[k] for k in torch.randperm(len(candidates), generator=generator)[:3].tolist()}
+        draws.append(selected_set(trainer.select_over_generation_batch(dict(inputs))))
+        assert draws[-1] == expected, step
+    assert draws[0] != draws[1] and draws[0] == draws[2]  # a function of the step, not of a stream
+    assert generation_batch_seed(5, 0) != generation_batch_seed(6, 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_tokenizer, tmp_path, method):
+    """The loss step applies the mask carried with the batch, on an off-policy micro-batch: KL-Cov penalises exactly
+    the carried tokens; Clip-Cov detaches the carried tokens whose clip is not active at this step (a clip-active
+    token already has no policy gradient, and its clipped loss stays)."""
+    inputs = batch(toy_model_path, toy_tokenizer, seed=62, old_noise=0.5)
+    reference = Reference(toy_model_path, inputs)
+    carried = set(reference.valid[::2])
+    common = dict(loss_type="bnpo", num_iterations=2, cov_selection_scope="generation_batch")
+    if method == "clip_cov":
+        clip_cov_reference(reference, -1e9, 1e9)  # no ratio within rounding of the clip boundaries
+        trainer = build_trainer(ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, **common)
+        affected = {token for token in carried if not reference.clip_active(*token)}
+        assert set() != affected != carried, "the case must hold clip-active and free carried tokens"
+        loss_fn, metric = clip_cov_loss_fn(affected), "clip_cov/detached_fraction"
+    else:
+        trainer = build_trainer(KLCovTrainer, KLCovConfig, toy_model_path, toy_tokenizer, tmp_path, **common)
+        affected = carried
+        loss_fn, metric = kl_cov_loss_fn(carried, 1.0), "kl_cov/penalised_fraction"
+    with pytest.raises(KeyError, match="select_over_generation_batch"):
+        trainer.compute_loss(trainer.model, dict(inputs))  # a hand-built batch without the mask
+    inputs[COV_SELECTION_KEY] = token_mask(inputs["completion_mask"].shape, carried).bool()
+    trainer._metrics["train"].clear()
+    loss, gradients = trainer_step(trainer, inputs)
+    expected_loss, expected_gradients = reference.loss_and_gradients(loss_fn, "bnpo", 6)
+    assert_same(loss, gradients, expected_loss, expected_gradients)
+    assert trainer._metrics["train"][metric] == [pytest.approx(len(affected) / len(reference.valid))]
+
+
+def update_difference(record, other, initial):
+    """|w − w'| / |w − w_0|: how far apart two runs end, relative to how far they moved."""
+    return ((record["weights"] - other["weights"]).norm() / (record["weights"] - initial).norm()).item()
+
+
+def initial_weights(path):
+    return torch.cat([p.detach().flatten().double() for p in AutoModelForCausalLM.from_pretrained(path).parameters()])
+
+
+# Rounding alone (plain GRPO, or the generation-batch scope) moves the two layouts' weights apart by ~1e-6 of the
+# update in these runs; a different selection by ~1e-3 (KL-Cov) to ~0.5 (Clip-Cov).
+SAME_WEIGHTS, DIFFERENT_WEIGHTS = 1e-4, 1e-3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_selection_and_weights_do_not_depend_on_accumulation(warm_toy_policy_path, tmp_path, method):
+    """(micro-batch 8 × accumulation 1) against (4 × 2), same generation batches: the generation-batch scope selects
+    the same tokens and trains the same weights; the micro-batch scope trains other weights."""
+    initial = initial_weights(warm_toy_policy_path)
+    records = {}
+    for scope in ("micro_batch", "generation_batch"):
+        for per_device, accumulation in ((8, 1), (4, 2)):
+            records[scope, per_device] = train_recording(
+                method,
+                warm_toy_policy_path,
+                str(tmp_path / f"{scope}_{per_device}"),
+                scope,
+                per_device_train_batch_size=per_device,
+                gradient_accumulation_steps=accumulation,
+            )
+    whole, split = records["generation_batch", 8], records["generation_batch", 4]
+    iterations = 2 if method == "kl_cov" else 1  # KL-Cov trains twice on each generation batch
+    assert len(whole["selection"]) == 4 // iterations  # one selection per generation batch
+    assert split["selection"] == whole["selection"]
+    # One micro-batch per step, on-policy (Clip-Cov) or penalised in both passes (KL-Cov): the logged fraction is the
+    # generation batch's selected fraction. (With two micro-batches it is the mean of their fractions.)
+    selected_fractions = [
+        sum(len(chosen) for _, chosen in rows) / sum(len(ids) for ids, _ in rows) for rows in whole["selection"]
+    ]
+    assert all(fraction > 0 for fraction in selected_fractions)
+    assert whole["fraction"] == pytest.approx([f for f in selected_fractions for _ in range(iterations)], rel=1e-6)
+    assert update_difference(split, whole, initial) < SAME_WEIGHTS
+    micro = update_difference(records["micro_batch", 4], records["micro_batch", 8], initial)
+    assert micro > DIFFERENT_WEIGHTS
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_path, tmp_path, method):
+    """4 steps straight against 2 steps, a checkpoint, and 2 more resumed (sampled completions). Clip-Cov's draw is
+    seeded by the step, so nothing but the step has to come back."""
+
+    def train(name, resume=None):
+        trainer = make_trainer(
+            method,
+            warm_toy_policy_path,
+            str(tmp_path / name),
+            rollout=None,
+            cov_selection_scope="generation_batch",
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    straight = train("straight")
+    resumed = train("resumed", resume=str(tmp_path / "straight" / "checkpoint-2"))
+    for key in ("loss", FRACTION[method]):
+        values = {entry["step"]: entry[key] for entry in straight.state.log_history if key in entry}
+        again = {entry["step"]: entry[key] for entry in resumed.state.log_history if key in entry}
+        assert sorted(values) == [1, 2, 3, 4]
+        assert [again[step] for step in (3, 4)] == pytest.approx([values[step] for step in (3, 4)], rel=1e-5)
+        assert len(set(values.values())) > 1 or key != "loss", "identical losses: the comparison would be weak"
+    assert all(value > 0 for value in logged(straight, FRACTION[method]))  # tokens were selected at every step
+    for (name, weight), resumed_weight in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
