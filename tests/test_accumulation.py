@@ -1,6 +1,11 @@
-"""Gradient accumulation 2 with half the micro-batch reproduces accumulation 1: loss, gradients, controller values.
+"""Gradient accumulation and generation cycles.
 
-Two levels:
+Controllers update once per generation cycle (SPEC v2 "Controller statistics and timing"): the last tests train with
+``num_iterations = 2``, with ``steps_per_generation = 2 × gradient_accumulation_steps`` and with an optimizer step that
+spans two cycles, and check when the controllers move and what statistic they see.
+
+Gradient accumulation 2 with half the micro-batch reproduces accumulation 1 (loss, gradients, controller values), on
+two levels:
 
 * the loss step, driven directly: one micro-batch of 8 completions against the same 8 split in two micro-batches of 4
   over one accumulation window, for every method and loss type, over two optimizer steps (so the second step's loss
@@ -15,7 +20,7 @@ equal token counts. The controllers' statistic is a window sum and needs no such
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import make_grpo_batch, naive_entropy
 from distributed_run import ADAPTIVE_METHODS, ControllerRecorder, logged, make_rollout, make_trainer
 
 from trl_entropy.methods import get_method
@@ -33,9 +38,9 @@ METHOD_OPTIONS = {
     # Every token whose clip is inactive is detached; beta > 0 leaves the KL term's gradient.
     "clip_cov": {"clip_cov_ratio": 1.0, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9, "beta": 0.05},
     "kl_cov": {"kl_cov_ratio": 1.0},
-    "repo_r": {"repo_beta": 0.05, "entropy_target": 5.0},
-    "repo_d": {"repo_beta": 0.01, "entropy_target": 5.0},
-    "adapo": {"entropy_target": 5.0},
+    "repo_r": {"repo_beta": -0.04, "repo_entropy_target": 5.0},  # pushing the wrong way: halved each cycle
+    "repo_d": {"repo_beta": 0.01, "repo_entropy_target": 5.0},
+    "adapo": {"adapo_entropy_target": 5.0},
 }
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 CASES = [
@@ -188,3 +193,67 @@ def test_controller_statistic_is_the_window_token_mean_whatever_the_split(
         window(probe, [half(inputs, index)], 0)
         halves.append(probe.controllers["repo"].entropy_target)
     assert abs(sum(halves) / 2 - measured) > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One controller update per generation cycle
+# ---------------------------------------------------------------------------------------------------------------------
+
+# (gradient_accumulation_steps, config options, optimizer steps that update among 1..4). A cycle is num_iterations ×
+# steps_per_generation micro-batches; an optimizer step, gradient_accumulation_steps micro-batches.
+CYCLES = {
+    "num_iterations=2": (1, {"num_iterations": 2, "per_device_train_batch_size": 8}, [2, 4]),
+    "steps_per_generation=2x_accumulation": (2, {"steps_per_generation": 4, "per_device_train_batch_size": 4}, [2, 4]),
+    "accumulation=2x_cycle": (2, {"steps_per_generation": 1, "per_device_train_batch_size": 8}, [1, 2, 3, 4]),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(CYCLES))
+@pytest.mark.parametrize("method", ["aent", "repo_r", "adapo"])
+def test_controllers_update_once_per_generation_cycle(method, setting, warm_toy_policy_path, tmp_path):
+    """SPEC v2: the statistic is the token mean over every micro-batch of the cycle; the controller updates once, at
+    the optimizer step that ends the cycle (an optimizer step spanning two cycles: at its end), and its value holds in
+    between."""
+    accumulation, options, update_steps = CYCLES[setting]
+    if method == "aent":
+        options = dict(options, aent_clamp_fraction=0.0)  # AEnt's statistic is then the full entropy, computed below
+    trainer = make_trainer(
+        method, warm_toy_policy_path, str(tmp_path), max_steps=4, gradient_accumulation_steps=accumulation, **options
+    )
+    assert trainer.temperature == 1.0
+    (controller,) = trainer.controllers.values()
+    initial = controller.value
+
+    sums = []  # float64 [Σ m·H, Σ m] of each training micro-batch, with the weights it was trained on
+    compute_loss = trainer._compute_loss
+
+    def recording_compute_loss(model, inputs):
+        entropy, mask = naive_entropy(model, inputs), inputs["completion_mask"].double()
+        sums.append(((entropy * mask).sum().item(), mask.sum().item()))
+        return compute_loss(model, inputs)
+
+    updates, update = [], controller.update
+
+    def recording_update(mean, step):
+        updates.append((mean, step, len(sums)))
+        update(mean, step)
+
+    trainer._compute_loss = recording_compute_loss
+    controller.update = recording_update
+    recorder = ControllerRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train()
+
+    assert len(sums) == 4 * accumulation
+    assert [step for _, step, _ in updates] == update_steps
+    start = 0
+    for mean, step, seen in updates:
+        assert seen == step * accumulation  # at the end of the optimizer step
+        cycle = sums[start:seen]  # every micro-batch since the last update
+        assert mean == pytest.approx(sum(s for s, _ in cycle) / sum(n for _, n in cycle), rel=1e-5)
+        start = seen
+    # The value moves, and only at the update steps.
+    values = [initial, *recorder.values]  # before training, then at the end of each optimizer step
+    moved = [step for step in range(1, 5) if values[step] != values[step - 1]]
+    assert moved and set(moved) <= set(update_steps), values
