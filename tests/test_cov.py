@@ -10,19 +10,25 @@ import dataclasses
 import itertools
 import math
 import os
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import make_grpo_batch, naive_log_probs
-from cov_scope_run import FRACTION, METHODS, train_recording
+from cov_scope_run import FRACTION, METHODS, load_records, train_recording, update_difference
 from distributed_run import make_trainer
+from test_distributed import free_port
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.cov import (
     CLIP_COV_GENERATOR_FILE,
     COV_SELECTION_KEY,
+    COV_SELECTION_SCOPES,
     ClipCovConfig,
     ClipCovTrainer,
     KLCovConfig,
@@ -38,6 +44,7 @@ from trl_entropy.diagnostics import covariance_moments
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
+HERE = Path(__file__).resolve().parent
 ACCUMULATION = 2
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 EPSILON = 0.2  # GRPOConfig's default, the paper's ε
@@ -956,15 +963,6 @@ def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_to
     assert trainer._metrics["train"][metric] == [pytest.approx(len(affected) / len(reference.valid))]
 
 
-def update_difference(record, other, initial):
-    """|w − w'| / |w − w_0|: how far apart two runs end, relative to how far they moved."""
-    return ((record["weights"] - other["weights"]).norm() / (record["weights"] - initial).norm()).item()
-
-
-def initial_weights(path):
-    return torch.cat([p.detach().flatten().double() for p in AutoModelForCausalLM.from_pretrained(path).parameters()])
-
-
 # Rounding alone (plain GRPO, or the generation-batch scope) moves the two layouts' weights apart by ~1e-6 of the
 # update in these runs; a different selection by ~1e-3 (KL-Cov) to ~0.5 (Clip-Cov).
 SAME_WEIGHTS, DIFFERENT_WEIGHTS = 1e-4, 1e-3
@@ -974,7 +972,6 @@ SAME_WEIGHTS, DIFFERENT_WEIGHTS = 1e-4, 1e-3
 def test_selection_and_weights_do_not_depend_on_accumulation(warm_toy_policy_path, tmp_path, method):
     """(micro-batch 8 × accumulation 1) against (4 × 2), same generation batches: the generation-batch scope selects
     the same tokens and trains the same weights; the micro-batch scope trains other weights."""
-    initial = initial_weights(warm_toy_policy_path)
     records = {}
     for scope in ("micro_batch", "generation_batch"):
         for per_device, accumulation in ((8, 1), (4, 2)):
@@ -997,15 +994,96 @@ def test_selection_and_weights_do_not_depend_on_accumulation(warm_toy_policy_pat
     ]
     assert all(fraction > 0 for fraction in selected_fractions)
     assert whole["fraction"] == pytest.approx([f for f in selected_fractions for _ in range(iterations)], rel=1e-6)
-    assert update_difference(split, whole, initial) < SAME_WEIGHTS
-    micro = update_difference(records["micro_batch", 4], records["micro_batch", 8], initial)
+    assert update_difference(whole, split) < SAME_WEIGHTS
+    micro = update_difference(records["micro_batch", 8], records["micro_batch", 4])
     assert micro > DIFFERENT_WEIGHTS
 
 
+@pytest.fixture(scope="module")
+def two_process_records(warm_toy_policy_path, tmp_path_factory):
+    """``{(method, scope): (one_process_record, [rank0_record, rank1_record])}``: cov_scope_run.py launched on two CPU
+    processes (gloo) with 4 completions each, and run here on one process with 8, while the two ranks run."""
+    two = tmp_path_factory.mktemp("cov_two_processes")
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",  # torchrun with two local processes; without CUDA each process uses the CPU and gloo
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(HERE / "cov_scope_run.py"),
+        "--model",
+        warm_toy_policy_path,
+        "--out",
+        str(two),
+        "--per-device-batch-size",
+        "4",
+    ]
+    log_path = two / "launch.log"
+    with open(log_path, "w") as log:
+        launched = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            one = {
+                (method, scope): train_recording(
+                    method,
+                    warm_toy_policy_path,
+                    str(two / f"one_{method}_{scope}"),
+                    scope,
+                    per_device_train_batch_size=8,
+                )
+                for method in METHODS
+                for scope in COV_SELECTION_SCOPES
+            }
+            launched.wait(timeout=600)
+        finally:
+            if launched.poll() is None:  # a failure here, or a hung rank: stop the launcher and both ranks
+                os.killpg(launched.pid, signal.SIGKILL)
+                launched.wait()
+    assert launched.returncode == 0, log_path.read_text()[-6000:]
+    return {
+        (method, scope): (record, load_records(str(two), method, scope)) for (method, scope), record in one.items()
+    }
+
+
+# About 70 s on two shared CPU cores; test_selection_and_weights_do_not_depend_on_accumulation is the fast check.
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
-def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_path, tmp_path, method):
-    """4 steps straight against 2 steps, a checkpoint, and 2 more resumed (sampled completions). Clip-Cov's draw is
-    seeded by the step, so nothing but the step has to come back."""
+def test_two_processes_select_and_train_like_one(two_process_records, method):
+    """Two processes × 4 completions against one process × 8, the same completions: the generation-batch scope
+    selects the same tokens (the ranks' parts in rank order) and trains the same weights; the micro-batch scope
+    does not."""
+    for scope in COV_SELECTION_SCOPES:
+        one, two = two_process_records[method, scope]
+        assert (one["num_processes"], two["num_processes"]) == (1, 2)
+        assert two["replicas_equal"]  # DDP keeps the replicas identical
+    one, two = two_process_records[method, "generation_batch"]
+    assert one["selection"] and all(any(chosen for _, chosen in rows) for rows in one["selection"])
+    assert two["selection"] == one["selection"]
+    assert update_difference(one, two) < SAME_WEIGHTS
+    one, two = two_process_records[method, "micro_batch"]
+    assert update_difference(one, two) > DIFFERENT_WEIGHTS
+
+
+@pytest.mark.parametrize("method, checkpoint", [("clip_cov", 2), ("kl_cov", 2), ("kl_cov", 3)])
+def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_path, tmp_path, method, checkpoint):
+    """4 steps straight against a checkpoint and the rest resumed (sampled completions). Clip-Cov's draw is seeded by
+    the step, so nothing but the step has to come back; KL-Cov's checkpoint 3 lies inside a generation cycle (two
+    iterations per generation batch), where the buffered batch, its selection included, comes back with it."""
 
     def train(name, resume=None):
         trainer = make_trainer(
@@ -1016,19 +1094,20 @@ def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_pat
             cov_selection_scope="generation_batch",
             max_steps=4,
             save_strategy="steps",
-            save_steps=2,
+            save_steps=1,
         )
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 
     straight = train("straight")
-    resumed = train("resumed", resume=str(tmp_path / "straight" / "checkpoint-2"))
+    resumed = train("resumed", resume=str(tmp_path / "straight" / f"checkpoint-{checkpoint}"))
+    later = range(checkpoint + 1, 5)
     for key in ("loss", FRACTION[method]):
         values = {entry["step"]: entry[key] for entry in straight.state.log_history if key in entry}
         again = {entry["step"]: entry[key] for entry in resumed.state.log_history if key in entry}
         assert sorted(values) == [1, 2, 3, 4]
-        assert [again[step] for step in (3, 4)] == pytest.approx([values[step] for step in (3, 4)], rel=1e-5)
-        assert len(set(values.values())) > 1 or key != "loss", "identical losses: the comparison would be weak"
+        assert [again[step] for step in later] == pytest.approx([values[step] for step in later], rel=1e-5)
+    assert len(set(logged(straight, "loss"))) == 4, "identical losses: the comparison would be weak"
     assert all(value > 0 for value in logged(straight, FRACTION[method]))  # tokens were selected at every step
     for (name, weight), resumed_weight in zip(
         straight.model.named_parameters(), resumed.model.parameters(), strict=True
