@@ -12,6 +12,11 @@ trl            TRL's fused head ``trl.kernels.ChunkedLogProbFunction`` (log-prob
 ours           ``chunked_logprob_entropy(..., backend="torch")`` with the clamp.
 ours_noclamp   the same with ``clamp_fraction=0`` (the work TRL's head does: like for like).
 ours_triton    ``backend="triton"`` (CUDA only).
+ours_cuda_path_emulated
+               CPU only: ``ours`` with bf16 inputs on the CUDA bf16 path (GEMMs with bf16 operands and fp32 output,
+               written into the chunk buffer and accumulated into the gradients in place), the GEMMs emulated by
+               ``trl_entropy.kernels._cpu_emulation.emulate_fp32_output_gemm``. Its times measure the emulation;
+               its peak memory is that path's (see below).
 
 Each (shape, method) runs in a fresh subprocess. Peak memory is measured as
 
@@ -20,6 +25,10 @@ Each (shape, method) runs in a fresh subprocess. Peak memory is measured as
   to the OS when they are freed, so this is the high-water mark of what the method held at once, gradient buffers
   included. (``tracemalloc`` does not see torch's allocations.)
 * CUDA: ``torch.cuda.max_memory_allocated()`` minus the allocation before the call.
+* ``ours_cuda_path_emulated``: the peak of the bytes of tensors allocated by ATen ops during the first forward +
+  backward and still alive (``TensorAllocations``, a dispatch mode; like ``max_memory_allocated``, inputs excluded,
+  gradient buffers included), without the emulation's own fp32 copies of the GEMM operands (the CUDA GEMM reads
+  bf16 directly).
 
 The time is the median (and min) of ``--repeats`` forward + backward calls after that first one.
 
@@ -28,11 +37,13 @@ Examples::
     python benchmarks/kernel_bench.py                                   # CPU: N=4096, d=512, V=32768 and 151936
     python benchmarks/kernel_bench.py --shapes 4096,512,32768 --methods ours,trl --repeats 5
     python benchmarks/kernel_bench.py --device cuda                     # N=16384, d=3584, V=151936, bf16
+    python benchmarks/kernel_bench.py --shapes 1024,512,151936 --methods ours_cuda_path_emulated --repeats 0
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -45,7 +56,8 @@ import time
 
 CPU_SHAPES = ["4096,512,32768", "4096,512,151936"]
 CUDA_SHAPES = ["16384,3584,151936"]
-METHODS = ["naive", "reference", "trl", "ours", "ours_noclamp", "ours_triton"]
+METHODS = ["naive", "reference", "trl", "ours", "ours_noclamp", "ours_triton", "ours_cuda_path_emulated"]
+CUDA_ONLY, CPU_ONLY = {"ours_triton"}, {"ours_cuda_path_emulated"}
 DESCRIPTIONS = {
     "naive": "naive full logits (+topk clamp)",
     "reference": "AEnt reference (full logits, topk on CPU)",
@@ -53,6 +65,7 @@ DESCRIPTIONS = {
     "ours": "ours, torch path",
     "ours_noclamp": "ours, torch path, clamp 0",
     "ours_triton": "ours, triton path",
+    "ours_cuda_path_emulated": "ours, CUDA bf16 path emulated on CPU (peak: tracked tensors)",
 }
 
 
@@ -86,6 +99,7 @@ def _reference_method(hidden, weight, targets, temperature, clamp_fraction):
 
 def worker(args) -> None:
     import torch
+    import trl.trainer.utils  # noqa: F401  (TRL's head and ours import it on first use: keep that out of the timing)
 
     n, d, vocab = (int(x) for x in args.shape.split(","))
     device = torch.device(args.device)
@@ -96,9 +110,21 @@ def worker(args) -> None:
     targets = torch.randint(0, vocab, (n,), device=device)
     temperature, clamp = args.temperature, args.clamp_fraction
 
-    if args.method in ("ours", "ours_noclamp", "ours_triton", "naive"):
+    emulation = contextlib.nullcontext
+    if args.method.startswith("ours") or args.method == "naive":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
         from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
+        from trl_entropy.kernels._cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
+
+        if args.method == "ours_cuda_path_emulated":
+            allocations = TensorAllocations()
+
+            @contextlib.contextmanager
+            def emulation():
+                with emulate_fp32_output_gemm(allocations) as calls, allocations:
+                    yield
+                assert calls, "the fp32-output GEMM path was not taken"
+
     if args.method == "naive":
 
         def run():
@@ -110,7 +136,6 @@ def worker(args) -> None:
             return _reference_method(hidden, weight, targets, temperature, clamp)
 
     elif args.method == "trl":
-        import trl.trainer.utils  # noqa: F401  (TRL's backward imports it lazily: keep that out of the measurement)
         from trl.kernels import ChunkedLogProbFunction
 
         def run():
@@ -137,9 +162,10 @@ def worker(args) -> None:
     def step():
         hidden.grad = None
         weight.grad = None
-        outputs = run()
-        loss = sum(o.sum() for o in outputs)
-        loss.backward()
+        with emulation():
+            outputs = run()
+            loss = sum(o.sum() for o in outputs)
+            loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -160,6 +186,8 @@ def worker(args) -> None:
         first = time.perf_counter() - start
         cpu_times.append(time.process_time() - cpu_start)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        if args.method == "ours_cuda_path_emulated":
+            peak = allocations.peak
     times = [first] if args.repeats == 0 else []
     if args.repeats:
         cpu_times = []
@@ -214,14 +242,13 @@ def main(argv=None) -> None:
         return
 
     shapes = args.shapes or (CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES)
-    methods = (
-        args.methods.split(",")
-        if args.methods
-        else [m for m in METHODS if args.device == "cuda" or m != "ours_triton"]
-    )
+    excluded = CPU_ONLY if args.device == "cuda" else CUDA_ONLY
+    methods = args.methods.split(",") if args.methods else [m for m in METHODS if m not in excluded]
     unknown = set(methods) - set(METHODS)
     if unknown:
         parser.error(f"unknown methods {sorted(unknown)}")
+    if set(methods) & excluded:
+        parser.error(f"{sorted(set(methods) & excluded)} cannot run with --device {args.device}")
 
     header = (
         "| method | shape N,d,V | dtype | fwd+bwd wall ms (median) | min wall ms | CPU ms (median) | first call ms "
@@ -235,6 +262,7 @@ def main(argv=None) -> None:
     print(header, flush=True)
     for shape in shapes:
         for method in methods:
+            dtype = "bf16" if method == "ours_cuda_path_emulated" else args.dtype  # that path is bf16
             cmd = [
                 sys.executable,
                 os.path.abspath(__file__),
@@ -246,7 +274,7 @@ def main(argv=None) -> None:
                 "--device",
                 args.device,
                 "--dtype",
-                args.dtype,
+                dtype,
                 "--clamp-fraction",
                 str(args.clamp_fraction),
                 "--temperature",
@@ -271,16 +299,16 @@ def main(argv=None) -> None:
                         status = f"OOM (> {args.mem_limit_gib:g} GiB cap)" if args.device == "cpu" else "OOM"
                     else:
                         status = f"failed: {tail[0][:80]}"
-                    print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | {status} | | | | |", flush=True)
+                    print(f"| {DESCRIPTIONS[method]} | {shape} | {dtype} | {status} | | | | |", flush=True)
                     continue
                 res = json.loads(lines[-1][len("RESULT ") :])
             except subprocess.TimeoutExpired:
-                print(f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | timeout | | | | |", flush=True)
+                print(f"| {DESCRIPTIONS[method]} | {shape} | {dtype} | timeout | | | | |", flush=True)
                 continue
             times = res["times_ms"]
             cpu = f"{statistics.median(res['cpu_ms']):.0f}" if res["cpu_ms"] else "n/a"
             print(
-                f"| {DESCRIPTIONS[method]} | {shape} | {args.dtype} | {statistics.median(times):.0f} | "
+                f"| {DESCRIPTIONS[method]} | {shape} | {dtype} | {statistics.median(times):.0f} | "
                 f"{min(times):.0f} | {cpu} | {res['first_ms']:.0f} | {res['peak_mib']:.0f} |",
                 flush=True,
             )
@@ -291,7 +319,7 @@ def main(argv=None) -> None:
                             {
                                 "method": method,
                                 "shape": shape,
-                                "dtype": args.dtype,
+                                "dtype": dtype,
                                 "device": args.device,
                                 "clamp_fraction": args.clamp_fraction,
                                 **res,

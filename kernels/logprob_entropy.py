@@ -1,6 +1,8 @@
 """Chunked, fused LM-head log-prob / entropy / clamped entropy with a recomputing backward.
 
-See ``docs/kernel.md`` for the formulas and the design. In short, with ``z = (hidden @ weight.T + bias) / T``:
+See ``docs/kernel.md`` for the formulas and the design. In short, with the raw logits scaled,
+``y = (hidden @ weight.T + bias) * logit_scale``, soft-capped to ``c * tanh(y / c)`` when a cap ``c`` is given (as
+TRL's fused head does it), and ``z = y / T``:
 
 * ``log_probs[i] = z[i, t_i] - logsumexp(z[i])``
 * ``entropy[i]   = H(softmax(z[i]))``
@@ -13,6 +15,7 @@ backward. The forward keeps a few floats per token; the backward recomputes each
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -20,7 +23,13 @@ from torch.autograd.function import once_differentiable
 from . import _torch_ops
 
 
-__all__ = ["ChunkedLogProbEntropyFunction", "chunked_logprob_entropy", "default_chunk_size", "triton_available"]
+__all__ = [
+    "ChunkedLogProbEntropyFunction",
+    "LogitMap",
+    "chunked_logprob_entropy",
+    "default_chunk_size",
+    "triton_available",
+]
 
 # Bytes of fp32 logits per chunk (one buffer; the torch path keeps ~3 such buffers alive in the forward, ~4 in the
 # backward). CPU: tuned on a 2-core machine (docs/kernel.md); CUDA: large enough for full-speed GEMMs.
@@ -69,52 +78,107 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Matmuls with fp32 outputs
+# Matmuls with fp32 outputs, the logit map, the LM-head gather
 # --------------------------------------------------------------------------------------------------------------------
 _MM_OUT_DTYPE_OK: dict[str, bool] = {}
 
 
 def _fast_half(t: torch.Tensor) -> bool:
-    """bf16/fp16 CUDA operands multiplied with an fp32 output (``torch.mm(..., out_dtype=torch.float32)``)."""
+    """bf16/fp16 CUDA operands multiplied with an fp32 output written in place (``out_dtype=torch.float32, out=``)."""
     if t.device.type != "cuda" or t.dtype not in (torch.bfloat16, torch.float16):
         return False
     key = str(t.dtype)
     if key not in _MM_OUT_DTYPE_OK:
         try:
             a = torch.zeros(2, 2, device=t.device, dtype=t.dtype)
-            _MM_OUT_DTYPE_OK[key] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+            acc = torch.zeros(2, 2, device=t.device, dtype=torch.float32)
+            torch.mm(a, a, out_dtype=torch.float32, out=acc)
+            torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+            _MM_OUT_DTYPE_OK[key] = True
         except (RuntimeError, TypeError):
             _MM_OUT_DTYPE_OK[key] = False
     return _MM_OUT_DTYPE_OK[key]
 
 
-def _chunk_logits(h, w, b, inv_t, out):
-    """``(h @ w.T + b) * inv_t`` in fp32 with fp32 accumulation; written into ``out`` (n, w_rows) when possible.
+@dataclass(frozen=True)
+class LogitMap:
+    """The map from raw logits ``y = hidden @ weight.T + bias`` to the ``z`` that is softmaxed.
+
+    ``z = c * tanh(s * y / c) / T`` with a soft-cap ``c``, ``z = s * y / T`` without (``s`` = ``logit_scale``).
+    """
+
+    logit_scale: float = 1.0
+    softcap: float | None = None
+    temperature: float = 1.0
+
+    @property
+    def gemm_scale(self) -> float:
+        """Factor applied to ``y`` in the GEMM epilogue: gives the argument of tanh, or ``z`` when there is no cap."""
+        return self.logit_scale / (self.softcap if self.softcap is not None else self.temperature)
+
+    @property
+    def grad_scale(self) -> float:
+        """``dz/dy`` apart from the soft-cap's ``1 / cosh(u)**2``: ``s / T``."""
+        return self.logit_scale / self.temperature
+
+
+def _chunk_logits(h, w, b, logit_map, out, dtanh=None):
+    """``z`` of one chunk (``logit_map`` applied to ``h @ w.T + b``) in fp32, with fp32 accumulation, written into
+    ``out`` (n, w_rows). With a soft-cap and a ``dtanh`` buffer (the backward), also ``dtanh = 1 / cosh(u)**2``.
 
     ``h`` and ``w`` are fp32 here unless both are bf16/fp16 on CUDA with fp32-output matmuls (the caller upcasts).
+    The same calls on buffers of the same shape give bit-identical ``z`` in the forward and the backward.
     """
+    alpha = logit_map.gemm_scale
     if h.dtype == torch.float32 and w.dtype == torch.float32:
         if b is None:
             torch.mm(h, w.t(), out=out)
-            if inv_t != 1.0:
-                out.mul_(inv_t)
+            if alpha != 1.0:
+                out.mul_(alpha)
         else:
-            torch.addmm(b, h, w.t(), beta=inv_t, alpha=inv_t, out=out)
-        return out
-    z = torch.mm(h, w.t(), out_dtype=torch.float32)
-    if b is not None:
-        z.add_(b)
-    if inv_t != 1.0:
-        z.mul_(inv_t)
-    return z
-
-
-def _mm_acc(acc, a, b, alpha):
-    """``acc += alpha * a @ b`` with fp32 ``acc``; ``a`` fp32, ``b`` fp32 or (fast CUDA path) bf16/fp16."""
-    if b.dtype == torch.float32:
-        acc.addmm_(a, b, alpha=alpha)
+            torch.addmm(b, h, w.t(), beta=alpha, alpha=alpha, out=out)
     else:
-        acc.add_(torch.mm(a.to(b.dtype), b, out_dtype=torch.float32), alpha=alpha)
+        torch.mm(h, w.t(), out_dtype=torch.float32, out=out)
+        if b is not None:
+            out.add_(b)
+        if alpha != 1.0:
+            out.mul_(alpha)
+    if logit_map.softcap is not None:
+        if dtanh is not None:
+            # tanh'(u) = 1 / cosh(u)^2, accurate where 1 - tanh(u)^2 cancels (cosh overflows to inf: exactly 0)
+            torch.cosh(out, out=dtanh).reciprocal_().square_()
+        out.tanh_().mul_(logit_map.softcap / logit_map.temperature)
+    return out
+
+
+def _accumulate_grads(g, h, w, grad_h, grad_w, grad_b, alpha, g_half):
+    """``grad_h += alpha g @ w``, ``grad_w += alpha g.T @ h``, ``grad_b += alpha sum_rows(g)``, in place, fp32.
+
+    ``g`` (n, width) is fp32. ``g_half`` (a buffer of ``g``'s shape, ``w``'s dtype) is given on the bf16/fp16 CUDA
+    path: ``alpha g`` is rounded into it and multiplied with fp32 output straight into the accumulators, so no
+    temporary of an accumulator's size (``V x d`` for the weight) is ever allocated.
+    """
+    if grad_b is not None:
+        grad_b.add_(g.sum(0), alpha=alpha)
+    if g_half is None:
+        if grad_h is not None:
+            grad_h.addmm_(g, w, alpha=alpha)
+        if grad_w is not None:
+            grad_w.addmm_(g.t(), h, alpha=alpha)
+        return
+    g_half = torch.mul(g, alpha, out=g_half)
+    if grad_h is not None:
+        torch.addmm(grad_h, g_half, w, out_dtype=torch.float32, out=grad_h)
+    if grad_w is not None:
+        torch.addmm(grad_w, g_half.t(), h, out_dtype=torch.float32, out=grad_w)
+
+
+def _gather_lm_head(weight, bias):
+    """Gather ZeRO-3-partitioned LM-head parameters while the kernel reads them (TRL's helper; a null context
+    without ZeRO-3). Only parameters are passed: a converted copy made by the caller is already whole."""
+    from trl.trainer.utils import maybe_gather_lm_head_ctx  # imported on use: TRL's trainer utilities load slowly
+
+    return maybe_gather_lm_head_ctx(*(p for p in (weight, bias) if isinstance(p, torch.nn.Parameter)))
 
 
 def default_chunk_size(n_tokens: int, vocab: int, device: torch.device | str = "cpu") -> int:
@@ -180,22 +244,63 @@ def _backward_coefficients(saved, g_lp, g_h, g_c, k):
     return {name: t.contiguous() for name, t in coef.items()}
 
 
+def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all, grad_h, grad_w, grad_b):
+    """The backward's chunk loop: recompute each chunk's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
+    device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
+    logit_map, chunk_size, tile = ctx.logit_map, ctx.chunk_size, ctx.tile
+    fast, full_precision = ctx.fast, ctx.full_precision
+    bias32 = bias.float() if bias is not None else None
+    rows_max = min(chunk_size, n_tokens)
+    numel = rows_max * min(tile, vocab)
+    zbuf = torch.empty(numel, device=device, dtype=torch.float32)
+    work = torch.empty(3 * numel, device=device, dtype=torch.float32) if ctx.backend == "torch" else None
+    dtanh_buf = torch.empty(numel, device=device, dtype=torch.float32) if logit_map.softcap is not None else None
+    half_buf = torch.empty(numel, device=device, dtype=weight.dtype) if fast else None
+    for r0 in range(0, n_tokens, chunk_size):
+        r1 = min(r0 + chunk_size, n_tokens)
+        n = r1 - r0
+        h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
+        coef = {name: t[r0:r1] for name, t in coef_all.items()}
+        tgt = targets[r0:r1]
+        for v0 in range(0, vocab, tile):
+            v1 = min(v0 + tile, vocab)
+            width = v1 - v0
+            w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
+            b = bias32[v0:v1] if bias32 is not None else None
+            dtanh = dtanh_buf[: n * width].view(n, width) if dtanh_buf is not None else None
+            z = _chunk_logits(h, w, b, logit_map, zbuf[: n * width].view(n, width), dtanh)
+            g = ops.grad_tile(z, v0, tgt, coef, work)  # dL/dz
+            if dtanh is not None:
+                g.mul_(dtanh)
+            _accumulate_grads(
+                g,
+                h,
+                w,
+                grad_h[r0:r1] if grad_h is not None else None,
+                grad_w[v0:v1] if grad_w is not None else None,
+                grad_b[v0:v1] if grad_b is not None else None,
+                logit_map.grad_scale,
+                half_buf[: n * width].view(n, width) if half_buf is not None else None,
+            )
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # autograd.Function
 # --------------------------------------------------------------------------------------------------------------------
 class ChunkedLogProbEntropyFunction(torch.autograd.Function):
-    """``apply(hidden, weight, bias, targets, temperature, k, chunk_size, backend)`` -> (log_probs, entropy, clamped).
+    """``apply(hidden, weight, bias, targets, logit_map, k, chunk_size, backend)`` -> (log_probs, entropy, clamped).
 
-    ``k`` is the number of dropped entries per row; ``backend`` is ``"torch"`` or ``"triton"`` (already resolved).
+    ``logit_map`` is a :class:`LogitMap` (scale, soft-cap, temperature); ``k`` is the number of dropped entries per
+    row; ``backend`` is ``"torch"`` or ``"triton"`` (already resolved). ``weight`` and ``bias`` are saved as given:
+    when they are ZeRO-3 parameters, the backward gathers them again for its recompute.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, k, chunk_size, backend):
+    def forward(ctx, hidden, weight, bias, targets, logit_map, k, chunk_size, backend):
         ctx.set_materialize_grads(False)
         device = hidden.device
         n_tokens, d = hidden.shape
         vocab = weight.shape[0]
-        inv_t = 1.0 / float(temperature)
         ops = _triton_ops() if backend == "triton" else _torch_ops
         full_precision = hidden.dtype == torch.float32 and weight.dtype == torch.float32
         fast = not full_precision and _fast_half(weight) and hidden.dtype == weight.dtype
@@ -204,7 +309,10 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         chunks: dict[str, list[torch.Tensor]] = {}
         with torch.autocast(device.type, enabled=False):
             bias32 = bias.float() if bias is not None else None
-            zbuf = torch.empty(min(chunk_size, n_tokens) * vocab, device=device, dtype=torch.float32)
+            rows_max = min(chunk_size, n_tokens)
+            zbuf = torch.empty(rows_max * vocab, device=device, dtype=torch.float32)
+            # upcast tiles are computed in a buffer of the backward's tile shape, so that they round the same way
+            tile_buf = torch.empty(rows_max * tile, device=device, dtype=torch.float32) if tile < vocab else None
             work = torch.empty(2 * zbuf.numel(), device=device, dtype=torch.float32) if backend == "torch" else None
             for r0 in range(0, n_tokens, chunk_size):
                 r1 = min(r0 + chunk_size, n_tokens)
@@ -215,10 +323,10 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
                     v1 = min(v0 + tile, vocab)
                     w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
                     b = bias32[v0:v1] if bias32 is not None else None
-                    if v0 == 0 and v1 == vocab:
-                        z = _chunk_logits(h, w, b, inv_t, z)
-                    else:  # upcast tiles: same tile boundaries as the backward, so the same rounding
-                        z[:, v0:v1] = _chunk_logits(h, w, b, inv_t, torch.empty(n, v1 - v0, device=device))
+                    if tile_buf is None:
+                        _chunk_logits(h, w, b, logit_map, z)
+                    else:
+                        z[:, v0:v1] = _chunk_logits(h, w, b, logit_map, tile_buf[: n * (v1 - v0)].view(n, v1 - v0))
                 for name, value in ops.forward_stats(z, targets[r0:r1], k, work).items():
                     chunks.setdefault(name, []).append(value)
             names = ("m", "y_t", "s_rest", "sy_rest") + (("thr", "kept_t", "sc_rest", "syc_rest") if k > 0 else ())
@@ -228,7 +336,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             log_probs, entropy, clamped, saved = _finalize(stats_all, k)
 
         ctx.k = k
-        ctx.inv_t = inv_t
+        ctx.logit_map = logit_map
         ctx.chunk_size = chunk_size
         ctx.backend = backend
         ctx.tile = tile
@@ -251,42 +359,18 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         g_h = g_h.float() if g_h is not None else None
         g_c = g_c.float() if g_c is not None else None
         device = hidden.device
-        n_tokens, d = hidden.shape
-        vocab = weight.shape[0]
-        inv_t, chunk_size, tile = ctx.inv_t, ctx.chunk_size, ctx.tile
-        fast, full_precision = ctx.fast, ctx.full_precision
         ops = _triton_ops() if ctx.backend == "triton" else _torch_ops
 
-        with torch.autocast(device.type, enabled=False):
+        # Under ZeRO-3 the head was re-partitioned after the forward: the recompute needs it whole again.
+        with _gather_lm_head(weight, bias), torch.autocast(device.type, enabled=False):
+            vocab = weight.shape[0]
             coef_all = _backward_coefficients(saved, g_lp, g_h, g_c, k)
             grad_h = torch.zeros(hidden.shape, device=device, dtype=torch.float32) if need_h else None
             grad_w = torch.zeros(weight.shape, device=device, dtype=torch.float32) if need_w else None
             grad_b = torch.zeros(vocab, device=device, dtype=torch.float32) if need_b else None
-            bias32 = bias.float() if bias is not None else None
-            rows_max = min(chunk_size, n_tokens)
-            zbuf = torch.empty(rows_max * min(tile, vocab), device=device, dtype=torch.float32)
-            work = (
-                torch.empty(3 * zbuf.numel(), device=device, dtype=torch.float32) if ctx.backend == "torch" else None
-            )
-            for r0 in range(0, n_tokens, chunk_size):
-                r1 = min(r0 + chunk_size, n_tokens)
-                n = r1 - r0
-                h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
-                coef = {name: t[r0:r1] for name, t in coef_all.items()}
-                tgt = targets[r0:r1]
-                for v0 in range(0, vocab, tile):
-                    v1 = min(v0 + tile, vocab)
-                    width = v1 - v0
-                    w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
-                    b = bias32[v0:v1] if bias32 is not None else None
-                    z = _chunk_logits(h, w, b, inv_t, zbuf[: n * width].view(n, width))
-                    g = ops.grad_tile(z, v0, tgt, coef, work)
-                    if grad_h is not None:
-                        _mm_acc(grad_h[r0:r1], g, w, inv_t)
-                    if grad_w is not None:
-                        _mm_acc(grad_w[v0:v1], g.t(), h, inv_t)
-                    if grad_b is not None:
-                        grad_b[v0:v1].add_(g.sum(0), alpha=inv_t)
+            # the chunk buffers are freed when this returns, before the casts below allocate the gradients in the
+            # inputs' dtypes
+            _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all, grad_h, grad_w, grad_b)
 
         return (
             grad_h.to(hidden.dtype) if grad_h is not None else None,
@@ -313,8 +397,12 @@ def chunked_logprob_entropy(
     clamp_fraction: float = 0.0,
     chunk_size: int | None = None,
     backend: str = "auto",
+    logit_scale: float = 1.0,
+    final_logit_softcapping: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of ``targets``, entropy and clamped entropy of ``softmax((hidden @ weight.T + bias) / T)``.
+    """Per-token log-prob of ``targets``, entropy and clamped entropy of ``softmax(z)``, with ``z`` the LM head's
+    logits as TRL's fused head computes them: ``y = (hidden @ weight.T + bias) * logit_scale``, soft-capped to
+    ``c * tanh(y / c)`` when ``final_logit_softcapping = c`` is given, then divided by the temperature.
 
     Args:
         hidden: ``(N, d)`` final hidden states of the scored positions (any float dtype).
@@ -325,41 +413,19 @@ def chunked_logprob_entropy(
         clamp_fraction: ``p`` in ``[0, 1)``; the clamped entropy drops the ``floor(p * V)`` smallest logits per row.
         chunk_size: tokens per chunk (default: ~64 MiB of fp32 logits per chunk on CPU, ~256 MiB on CUDA).
         backend: ``"auto"`` (Triton on CUDA tensors when importable, PyTorch otherwise), ``"torch"`` or ``"triton"``.
+        logit_scale: finite factor on the raw logits (``logit_scale``, ``output_multiplier``, ``1 / logits_scaling``
+            of the model config, read the way TRL reads them); 0 is allowed (uniform distribution).
+        final_logit_softcapping: ``None`` or the soft-cap ``c > 0`` (Gemma-2 style), applied before the temperature.
+            The clamp drops the same tokens as without it (the map is monotone); it is computed on ``z``.
+
+    ZeRO-3-partitioned ``weight``/``bias`` parameters are gathered while the kernel reads them, in the forward and
+    again in the recomputing backward (TRL's ``maybe_gather_lm_head_ctx``; nothing happens without ZeRO-3).
 
     Returns:
         ``(log_probs, entropy, clamped_entropy)``, each ``(N,)`` fp32, differentiable w.r.t. ``hidden``, ``weight``
         and ``bias`` whichever of them enter the loss. With ``clamp_fraction == 0`` the clamped entropy equals the
         entropy (same numbers, its gradient is the entropy's).
     """
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
-        raise ValueError(f"hidden must be a 2-D tensor (N, d), got shape {tuple(getattr(hidden, 'shape', ()))}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D tensor (V, d), got shape {tuple(getattr(weight, 'shape', ()))}")
-    n_tokens, d = hidden.shape
-    vocab = weight.shape[0]
-    if weight.shape[1] != d:
-        raise ValueError(
-            f"weight has hidden size {weight.shape[1]} but hidden has {d}: weight must be (V, d) = (V, {d}), "
-            f"got {tuple(weight.shape)}"
-        )
-    if vocab < 1:
-        raise ValueError("weight must have at least one row (V >= 1)")
-    if not hidden.is_floating_point() or not weight.is_floating_point():
-        raise ValueError(f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}")
-    if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != (n_tokens,):
-        raise ValueError(f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}")
-    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (vocab,):
-            raise ValueError(f"bias must have shape (V,) = ({vocab},), got {tuple(getattr(bias, 'shape', ()))}")
-        if bias.device != hidden.device:
-            raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
-    if weight.device != hidden.device or targets.device != hidden.device:
-        raise ValueError(
-            f"hidden, weight and targets must be on the same device, got {hidden.device}, {weight.device}, "
-            f"{targets.device}"
-        )
     clamp_fraction = float(clamp_fraction)
     if not 0.0 <= clamp_fraction < 1.0:  # also rejects NaN
         raise ValueError(f"clamp_fraction must be in [0, 1), got {clamp_fraction}")
@@ -368,16 +434,64 @@ def chunked_logprob_entropy(
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {_BACKENDS}")
-    if chunk_size is None:
-        chunk_size = default_chunk_size(n_tokens, vocab, hidden.device)
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
-    targets = targets.long()
-    if n_tokens and bool(((targets < 0) | (targets >= vocab)).any()):
-        bad = targets[(targets < 0) | (targets >= vocab)][0].item()
-        raise ValueError(f"target ids must be in [0, V) = [0, {vocab}), got {bad}")
-    resolved = _resolve_backend(backend, hidden.device)
-    k = int(math.floor(clamp_fraction * vocab))
-    return ChunkedLogProbEntropyFunction.apply(
-        hidden.contiguous(), weight.contiguous(), bias, targets.contiguous(), temperature, k, chunk_size, resolved
-    )
+    logit_scale = _finite_float(logit_scale, "logit_scale", "a finite number (0 is allowed)")
+    if final_logit_softcapping is not None:
+        final_logit_softcapping = _finite_float(final_logit_softcapping, "final_logit_softcapping", "None or > 0")
+        if final_logit_softcapping <= 0.0:
+            raise ValueError(f"final_logit_softcapping must be None or > 0, got {final_logit_softcapping}")
+    logit_map = LogitMap(logit_scale, final_logit_softcapping, temperature)
+    with _gather_lm_head(weight, bias):  # validated and multiplied whole
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+            raise ValueError(f"hidden must be a 2-D tensor (N, d), got shape {tuple(getattr(hidden, 'shape', ()))}")
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D tensor (V, d), got shape {tuple(getattr(weight, 'shape', ()))}")
+        n_tokens, d = hidden.shape
+        vocab = weight.shape[0]
+        if weight.shape[1] != d:
+            raise ValueError(
+                f"weight has hidden size {weight.shape[1]} but hidden has {d}: weight must be (V, d) = (V, {d}), "
+                f"got {tuple(weight.shape)}"
+            )
+        if vocab < 1:
+            raise ValueError("weight must have at least one row (V >= 1)")
+        if not hidden.is_floating_point() or not weight.is_floating_point():
+            raise ValueError(f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}")
+        if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != (n_tokens,):
+            raise ValueError(
+                f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}"
+            )
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (vocab,):
+                raise ValueError(f"bias must have shape (V,) = ({vocab},), got {tuple(getattr(bias, 'shape', ()))}")
+            if bias.device != hidden.device:
+                raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
+        if weight.device != hidden.device or targets.device != hidden.device:
+            raise ValueError(
+                f"hidden, weight and targets must be on the same device, got {hidden.device}, {weight.device}, "
+                f"{targets.device}"
+            )
+        if chunk_size is None:
+            chunk_size = default_chunk_size(n_tokens, vocab, hidden.device)
+        elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
+        targets = targets.long()
+        if n_tokens and bool(((targets < 0) | (targets >= vocab)).any()):
+            bad = targets[(targets < 0) | (targets >= vocab)][0].item()
+            raise ValueError(f"target ids must be in [0, V) = [0, {vocab}), got {bad}")
+        resolved = _resolve_backend(backend, hidden.device)
+        k = int(math.floor(clamp_fraction * vocab))
+        return ChunkedLogProbEntropyFunction.apply(
+            hidden.contiguous(), weight.contiguous(), bias, targets.contiguous(), logit_map, k, chunk_size, resolved
+        )
+
+
+def _finite_float(value, name: str, expected: str) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value

@@ -19,6 +19,8 @@ def naive_logprob_entropy(
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
     clamp_fraction: float = 0.0,
+    logit_scale: float = 1.0,
+    final_logit_softcapping: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same outputs as :func:`chunked_logprob_entropy`, computed in fp32 from the full logits.
 
@@ -28,7 +30,10 @@ def naive_logprob_entropy(
     logits = hidden.float() @ weight.float().t()
     if bias is not None:
         logits = logits + bias.float()
-    z = logits / temperature if temperature != 1.0 else logits
+    logits = logits * logit_scale
+    if final_logit_softcapping is not None:
+        logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+    z = logits / temperature
     log_p = torch.log_softmax(z, dim=-1)
     log_probs = log_p.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)

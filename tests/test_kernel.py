@@ -1,5 +1,6 @@
 """The fused chunked log-prob / entropy / clamped-entropy kernel (PyTorch path) against float64 references."""
 
+import contextlib
 import itertools
 import math
 
@@ -8,21 +9,35 @@ import torch
 
 import trl_entropy.kernels.logprob_entropy as lpe
 from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
+from trl_entropy.kernels._cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
 from trl_entropy.kernels._select import kth_smallest_threshold
 
 
 N, D, V = 23, 16, 301  # V is not a multiple of anything the kernel tiles by
 OUTPUTS = ("log_probs", "entropy", "clamped_entropy")
+REFERENCE_KWARGS = ("temperature", "clamp_fraction", "logit_scale", "final_logit_softcapping")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Independent float64 reference
 # ---------------------------------------------------------------------------------------------------------------------
-def reference(hidden, weight, targets, bias=None, temperature=1.0, clamp_fraction=0.0):
+def reference(
+    hidden,
+    weight,
+    targets,
+    bias=None,
+    temperature=1.0,
+    clamp_fraction=0.0,
+    logit_scale=1.0,
+    final_logit_softcapping=None,
+):
     """Full logits in float64; the kept set of the clamp from a full sort (no gradient through the selection)."""
     z = hidden @ weight.T
     if bias is not None:
         z = z + bias
+    z = z * logit_scale
+    if final_logit_softcapping is not None:
+        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
     z = z / temperature
     log_z = torch.logsumexp(z, -1)
     p = torch.softmax(z, -1)
@@ -61,7 +76,7 @@ def run_both(hidden, weight, bias, targets, *, used=OUTPUTS, seed=1, **kwargs):
     grads = [t.grad if t is not None else None for t in leaves]
 
     ref_leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
-    ref_kwargs = {k: v for k, v in kwargs.items() if k in ("temperature", "clamp_fraction")}
+    ref_kwargs = {k: v for k, v in kwargs.items() if k in REFERENCE_KWARGS}
     ref = reference(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], **ref_kwargs)
     ref_loss = sum((ref[OUTPUTS.index(name)] * loss_weights[name]).sum() for name in used)
     ref_loss.backward()
@@ -109,6 +124,42 @@ def test_matches_float64_fp32(clamp_fraction, temperature, chunk_size):
 
 
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
+@pytest.mark.parametrize("logit_scale", [1.0, 0.25, 1 / 8])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_softcap_and_logit_scale_match_float64(softcap, logit_scale, clamp_fraction):
+    """TRL's logit map: ``softcap * tanh(scale * logits / softcap) / T``. The logits here have a std of ~3, so a cap
+    of 2 bends most of them (``1 - tanh^2`` spans ~0.01-1) and the scale changes every gradient: dropping either
+    factor from the backward, or applying them in the wrong order, fails this test."""
+    hidden, weight, bias, targets = make_inputs(seed=13)
+    out, grads, ref, ref_grads = run_both(
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature=0.7,
+        clamp_fraction=clamp_fraction,
+        chunk_size=7,
+        backend="torch",
+        logit_scale=logit_scale,
+        final_logit_softcapping=softcap,
+    )
+    assert_values(out, ref)
+    assert_grads(grads, ref_grads, (hidden, weight, bias))
+
+
+def test_zero_logit_scale_gives_the_uniform_distribution():
+    hidden, weight, bias, targets = make_inputs()
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    out = chunked_logprob_entropy(
+        leaves[0], leaves[1], targets, bias=leaves[2], clamp_fraction=0.3, logit_scale=0.0, final_logit_softcapping=5.0
+    )
+    torch.testing.assert_close(out[0], torch.full((N,), -math.log(V)))
+    torch.testing.assert_close(out[1], torch.full((N,), math.log(V)))
+    sum(o.sum() for o in out).backward()
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in leaves)
+
+
+@pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
 def test_without_bias(clamp_fraction):
     hidden, weight, _, targets = make_inputs(bias=False)
     out, grads, ref, ref_grads = run_both(hidden, weight, None, targets, clamp_fraction=clamp_fraction, chunk_size=5)
@@ -136,12 +187,13 @@ def test_every_subset_of_outputs_in_the_loss(used, clamp_fraction):
 
 
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3, 0.9])
-def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, monkeypatch):
+@pytest.mark.parametrize("logit_map", [{}, dict(logit_scale=0.25, final_logit_softcapping=2.0)])
+def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, logit_map, monkeypatch):
     # Small vocabulary tiles for the fp32 upcast of the weight: 301 columns in tiles of 64 (the last one partial).
     monkeypatch.setattr(lpe, "UPCAST_TILE_BYTES", 64 * 4 * D)
     hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=5)
     out, grads, ref, ref_grads = run_both(
-        hidden, weight, bias, targets, temperature=0.7, clamp_fraction=clamp_fraction, chunk_size=8
+        hidden, weight, bias, targets, temperature=0.7, clamp_fraction=clamp_fraction, chunk_size=8, **logit_map
     )
     # The bf16 values are exact in float64: fp32 accumulation gives fp32-accurate outputs. Rounding the logits to
     # bf16 anywhere would show up here as ~1e-2 errors.
@@ -150,30 +202,39 @@ def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, monkeypatch):
     assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=1e-2)
 
 
-def test_fp32_output_matmul_path_for_half_weights(monkeypatch):
-    """The CUDA bf16 path (GEMMs with bf16 operands and fp32 output), emulated on the CPU.
-
-    ``torch.mm(a, b, out_dtype=torch.float32)`` exists on CUDA only; here it is emulated exactly (bf16 operands are
-    exact in fp32), so the control flow of that path (no weight upcast, gradients cast to bf16 for the GEMMs) runs.
-    """
-    original_mm = torch.mm
-    calls = []
-
-    def mm(a, b, *args, out_dtype=None, **kwargs):
-        if out_dtype is None:
-            return original_mm(a, b, *args, **kwargs)
-        assert a.dtype == b.dtype == torch.bfloat16 and out_dtype == torch.float32
-        calls.append(1)
-        return original_mm(a.float(), b.float())
-
-    monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(lpe, "_fast_half", lambda t: t.dtype == torch.bfloat16)
+@pytest.mark.parametrize("logit_map", [{}, dict(logit_scale=0.25, final_logit_softcapping=2.0)])
+def test_fp32_output_matmul_path_for_half_weights(logit_map):
+    """The CUDA bf16 path (GEMMs with bf16 operands and fp32 output), emulated exactly on the CPU."""
     hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=12)
-    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=8)
+    with emulate_fp32_output_gemm() as calls:
+        out, grads, ref, ref_grads = run_both(
+            hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=8, **logit_map
+        )
     assert calls, "the fp32-output matmul path was not taken"
     assert_values(out, ref, rtol=1e-5)
     # the logits gradient is rounded to bf16 for the gradient GEMMs (fp32 accumulation), then bf16 outputs
     assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=2e-2)
+
+
+def test_fp32_output_matmul_path_allocates_no_temporary_per_chunk():
+    """The fp32-output GEMMs write into the chunk buffer and accumulate into the gradients in place: whatever the
+    number of chunks, the forward allocates one chunk of logits and the backward one ``V x d`` fp32 buffer (the
+    weight-gradient accumulator), never a chunk-sized or ``V x d`` product per chunk."""
+    n, chunk = 32, 4
+    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, n=n, seed=12)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    chunk_bytes, weight_grad_bytes = chunk * V * 4, V * D * 4
+    assert 3 * chunk_bytes < weight_grad_bytes  # the torch path's largest work buffer is 3 chunks
+    allocations = TensorAllocations()
+    with emulate_fp32_output_gemm(allocations) as calls, allocations:
+        out = chunked_logprob_entropy(*leaves[:2], targets, bias=leaves[2], clamp_fraction=0.3, chunk_size=chunk)
+        n_forward = len(allocations.sizes)
+        sum(o.sum() for o in out).backward()
+    forward, backward = allocations.sizes[:n_forward], allocations.sizes[n_forward:]
+    assert calls and all(call.endswith("(out=)") for call in calls), calls
+    assert forward.count(chunk_bytes) == 1 and max(forward) < weight_grad_bytes, sorted(forward)
+    assert backward.count(chunk_bytes) == 1, sorted(backward)
+    assert [size for size in backward if size >= weight_grad_bytes] == [weight_grad_bytes], sorted(backward)
 
 
 def test_mixed_dtypes_fp32_hidden_bf16_weight():
@@ -205,11 +266,13 @@ def test_outputs_without_grad_and_no_grad_mode():
     assert not any(o.requires_grad for o in out)
 
 
-def test_naive_reference_function_matches_float64():
+@pytest.mark.parametrize("logit_map", [{}, dict(logit_scale=0.25, final_logit_softcapping=2.0)])
+def test_naive_reference_function_matches_float64(logit_map):
     hidden, weight, bias, targets = make_inputs(seed=4)
-    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, temperature=0.7, clamp_fraction=0.3)
+    kwargs = dict(temperature=0.7, clamp_fraction=0.3, **logit_map)
+    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, **kwargs)
     leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
-    naive = naive_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], temperature=0.7, clamp_fraction=0.3)
+    naive = naive_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], **kwargs)
     assert_values(naive, ref)
     g = torch.Generator().manual_seed(1)
     w = [torch.randn(N, generator=g, dtype=torch.float64) for _ in OUTPUTS]
@@ -368,9 +431,9 @@ def test_at_most_one_chunk_of_logits_at_a_time(monkeypatch):
     shapes = []
     original = lpe._chunk_logits
 
-    def spy(h, w, b, inv_t, out):
+    def spy(h, w, *args):
         shapes.append((h.shape[0], w.shape[0]))
-        return original(h, w, b, inv_t, out)
+        return original(h, w, *args)
 
     monkeypatch.setattr(lpe, "_chunk_logits", spy)
     hidden, weight, bias, targets = make_inputs()
@@ -379,6 +442,56 @@ def test_at_most_one_chunk_of_logits_at_a_time(monkeypatch):
     sum(o.sum() for o in out).backward()
     assert shapes and max(rows for rows, _ in shapes) <= 5
     assert len(shapes) == 2 * math.ceil(N / 5)  # every chunk once in the forward, once recomputed in the backward
+
+
+@pytest.mark.parametrize("as_parameters", [True, False], ids=["parameters", "converted copies"])
+def test_lm_head_is_gathered_in_forward_and_in_the_recomputing_backward(as_parameters, monkeypatch):
+    """ZeRO-3 re-partitions the head after the forward, so the backward's recompute must gather it again: TRL's
+    ``maybe_gather_lm_head_ctx`` (recorded here) is entered with the caller's parameter objects themselves (what
+    the Function saved, not copies), and every recompute runs inside it. Copies the caller converted (already whole,
+    not parameters) are not handed to the gather, and the gradients still reach the parameters behind them."""
+    import trl.trainer.utils
+
+    entered, active = [], []
+
+    @contextlib.contextmanager
+    def recording_gather(*params):
+        entered.append(params)
+        active.append(True)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    recomputed_inside = []
+    original = lpe._chunk_logits
+
+    def spy(*args):
+        recomputed_inside.append(bool(active))
+        return original(*args)
+
+    monkeypatch.setattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", recording_gather)
+    monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    hidden, weight, bias, targets = make_inputs(seed=14)
+    if as_parameters:
+        w_param, b_param = torch.nn.Parameter(weight), torch.nn.Parameter(bias)
+        w_in, b_in, gathered, rtol = w_param, b_param, (w_param, b_param), 1e-5
+    else:  # bf16 parameters, handed to the kernel as fp32 copies (as with ``cast_lm_head_to_fp32``)
+        w_param, b_param = torch.nn.Parameter(weight.bfloat16()), torch.nn.Parameter(bias.bfloat16())
+        w_in, b_in, gathered, rtol = w_param.float(), b_param.float(), (), 1e-2
+    h = hidden.clone().requires_grad_()
+    out = chunked_logprob_entropy(h, w_in, targets, bias=b_in, clamp_fraction=0.3, chunk_size=5, logit_scale=0.5)
+    n_forward_calls = len(recomputed_inside)
+    assert len(entered) == 1 and all(a is b for a, b in zip(entered[0], gathered, strict=True))
+    sum(o.sum() for o in out).backward()
+    assert len(entered) == 2 and all(a is b for a, b in zip(entered[1], gathered, strict=True)), "backward"
+    assert len(recomputed_inside) == 2 * n_forward_calls == 2 * math.ceil(N / 5) and all(recomputed_inside)
+
+    leaves64 = [t.detach().double().requires_grad_() for t in (h, w_param, b_param)]
+    ref = reference(*leaves64[:2], targets, leaves64[2], clamp_fraction=0.3, logit_scale=0.5)
+    sum(r.sum() for r in ref).backward()
+    assert_values(out, ref)
+    assert_grads([h.grad, w_param.grad, b_param.grad], [t.grad for t in leaves64], (h, w_param, b_param), rtol=rtol)
 
 
 def test_default_chunk_size_follows_the_memory_budget():
@@ -428,6 +541,13 @@ def test_auto_backend_on_cpu_is_torch(monkeypatch):
         (dict(temperature=-1.0), "temperature"),
         (dict(backend="cuda"), "unknown backend"),
         (dict(chunk_size=0), "chunk_size"),
+        (dict(logit_scale=float("nan")), "logit_scale"),
+        (dict(logit_scale=float("inf")), "logit_scale"),
+        (dict(logit_scale="0.5x"), "logit_scale"),
+        (dict(final_logit_softcapping=0.0), "final_logit_softcapping"),
+        (dict(final_logit_softcapping=-30.0), "final_logit_softcapping"),
+        (dict(final_logit_softcapping=float("inf")), "final_logit_softcapping"),
+        (dict(final_logit_softcapping=float("nan")), "final_logit_softcapping"),
     ],
 )
 def test_bad_inputs_raise_value_error(change, message):

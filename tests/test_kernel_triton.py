@@ -3,7 +3,8 @@
 * ``test_triton_interpreter_matches_float64`` runs this file as a script in a subprocess with ``TRITON_INTERPRET=1``
   (Triton reads it when the kernels are decorated, so it cannot be switched on inside this pytest process without
   affecting everything else). The script loads ``kernels/`` standalone, without importing ``trl_entropy``/TRL, and
-  checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300).
+  checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300), with
+  and without TRL's logit map (soft-cap and logit scale).
 * ``test_triton_kernels_compile_for_cuda`` compiles both kernels ahead of time for sm_80 and sm_90 (no GPU needed), so
   a kernel that only the interpreter accepts fails here.
 """
@@ -23,6 +24,7 @@ import torch
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 OUTPUTS = ("log_probs", "entropy", "clamped_entropy")
+REFERENCE_KWARGS = ("temperature", "clamp_fraction", "logit_scale", "final_logit_softcapping")
 
 
 def _triton_importable() -> bool:
@@ -42,11 +44,24 @@ def _load_kernels_standalone():
     return module
 
 
-def _reference(hidden, weight, targets, bias=None, temperature=1.0, clamp_fraction=0.0):
-    """float64, full logits; kept set of the clamp from a full sort (no gradient through the selection)."""
+def _reference(
+    hidden,
+    weight,
+    targets,
+    bias=None,
+    temperature=1.0,
+    clamp_fraction=0.0,
+    logit_scale=1.0,
+    final_logit_softcapping=None,
+):
+    """float64, full logits (TRL's logit map: scale, soft-cap, temperature); kept set of the clamp from a full sort
+    (no gradient through the selection)."""
     z = hidden @ weight.T
     if bias is not None:
         z = z + bias
+    z = z * logit_scale
+    if final_logit_softcapping is not None:
+        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
     z = z / temperature
     log_z = torch.logsumexp(z, -1)
     log_probs = z.gather(-1, targets[:, None]).squeeze(-1) - log_z
@@ -79,7 +94,7 @@ def _check(kernels, hidden, weight, bias, targets, *, used_sets=(OUTPUTS,), rtol
     leaves = [t.clone().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
     out = kernels.chunked_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], backend="triton", **kwargs)
     ref_leaves = [t.double().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
-    ref_kwargs = {k: v for k, v in kwargs.items() if k in ("temperature", "clamp_fraction")}
+    ref_kwargs = {k: v for k, v in kwargs.items() if k in REFERENCE_KWARGS}
     ref = _reference(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], **ref_kwargs)
     for name, a, b in zip(OUTPUTS, out, ref):
         assert a.dtype == torch.float32
@@ -134,6 +149,23 @@ def interpreter_checks() -> None:
     done("clamp 0.9, T=1.3, no bias, default chunk")
     _check(kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.0, chunk_size=16)
     done("clamp 0, every subset of outputs in the loss")
+
+    # TRL's logit map (soft-cap 2 bends these logits, std ~2.8; both factors enter every gradient), clamp on and off
+    for softcap, scale in itertools.product((None, 2.0), (1.0, 0.25, 1 / 8)):
+        for clamp_fraction in (0.0, 0.3):
+            _check(
+                kernels,
+                hidden,
+                weight,
+                bias,
+                targets,
+                clamp_fraction=clamp_fraction,
+                temperature=0.7,
+                chunk_size=7,
+                logit_scale=scale,
+                final_logit_softcapping=softcap,
+            )
+        done(f"soft-cap {softcap}, logit scale {scale}, clamp 0 and 0.3")
 
     # the GPU's selection configuration (16 probes per pass, several selection blocks per row)
     ops.SELECTION_OVERRIDE = (64, 16)
