@@ -1,27 +1,42 @@
-"""The entropy-collapse demo: GRPO, EntReg and every entropy-control method on the toy task, same budget, same seed.
+"""The entropy-collapse demo: what GRPO, EntReg and every entropy-control method do to the entropy, and what keeping it
+buys, on the toy task with the same budget and seed.
 
     python examples/entropy_collapse_demo.py --output_dir outputs/demo
+    python examples/entropy_collapse_demo.py --output_dir outputs/demo_full --full   # 3 seeds, pass@k up to 32
 
-Every run starts from the same warm-started toy policy (trl_entropy.toy) and trains for `--max_steps` optimizer steps
-with the toy recipe of examples/train.py (`trl_entropy.methods.TOY_TRAINING_DEFAULTS`: 16 prompts, 8 completions
-each, learning rate 3e-4, ...) and the same seed. Under plain GRPO the policy sharpens on its prompts: the reward rises
-and the mean token entropy collapses. A method's own settings come from `examples/configs/<method>.yaml`, the same
-files `examples/train.py --config` reads; `--paper_defaults` ignores them and runs every method with its library
-defaults instead (the papers' values, sized for LLM batches: most of them barely act at toy scale).
+Every run starts from the same toy policy (trl_entropy.toy), warm-started on two tasks that share its tokenizer:
+task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds about a third of the time.
 
-Prints a table (entropy at the start, its minimum and final value, the final reward, the held-out success, the wall
-time per method) and writes `entropy_collapse.png` (entropy and reward curves), `history.json` (every logged value)
-and `table.md` into `--output_dir`. No network; CPU only; about a minute per method on one idle core.
+* **Phase 1.** Each run trains on task A (a fixed pool of `--num_prompts` problems) for `--max_steps` optimizer steps
+  with its method and the toy recipe of examples/train.py (`trl_entropy.methods.TOY_TRAINING_DEFAULTS`). A method's
+  own settings come from `examples/configs/<run>.yaml` (`--paper_defaults` ignores them). The entropy–reward law
+  `R = −a·exp(H) + b` (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+  arXiv:2505.22617, eq. 6) is fitted on the run's logged (entropy, reward) pairs by `EntropyLawCallback`.
+* **Evaluation.** pass@k for k = 1, 2, 4 … `--num_samples` on every held-out problem of task A (80 prompts the runs
+  never train on), `--num_samples` completions each at the training temperature (`evaluate_pass_at_k`).
+* **Phase 2** (Petrenko et al., "Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §6.3: sequential
+  learning). Every phase-1 policy is trained with plain GRPO on task B for `--phase2_steps` (default: the same
+  budget); the table reports held-out pass@1 on task B before and after, and the gain.
+
+Writes `table.md` (both tables), `entropy_collapse.png` (entropy and reward curves of both phases, pass@k against k,
+task-B success before and after phase 2) and `history.json` (every logged value, every run's settings, the torch /
+transformers / trl versions and the git commit) into `--output_dir`, and shows a progress bar. Runs go to
+`--workers` processes (one thread each: the model is tiny). No network; CPU only.
 """
 
 import json
 import math
 import os
+import platform
+import queue
+import subprocess
+import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import yaml
-from transformers import PrinterCallback
+from transformers import PrinterCallback, TrainerCallback
 from trl import TrlParser
 
 from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
@@ -30,13 +45,18 @@ from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS,
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 # The shared budget: a run's YAML config may not change these, or the comparison would not be like for like.
 SHARED_SETTINGS = frozenset(TOY_TRAINING_DEFAULTS) | {"seed", "temperature", "output_dir"}
+TASK_A, TASK_B = "+", "-"  # phase 1 trains on addition, phase 2 on subtraction
+TASK_NAMES = {TASK_A: "addition", TASK_B: "subtraction"}
+# Supervised warm-start steps on both tasks: the policy then solves about a third of either task's held-out problems
+# sampling at temperature 1 (seed 0: 0.34 on both), so GRPO has an advantage signal on each.
+WARM_START_STEPS = 450
 
 
 @dataclass
 class DemoArguments:
     """The demo's runs and their shared budget; every other training setting is the toy recipe of examples/train.py."""
 
-    output_dir: str = field(default="outputs/demo", metadata={"help": "Where the table, PNG and history go."})
+    output_dir: str = field(default="outputs/demo", metadata={"help": "Where the tables, PNG and history go."})
     methods: list[str] = field(
         default_factory=lambda: list(METHODS),
         metadata={
@@ -45,12 +65,27 @@ class DemoArguments:
         },
     )
     max_steps: int = field(
-        default=TOY_TRAINING_DEFAULTS["max_steps"], metadata={"help": "Optimizer steps per run (the shared budget)."}
+        default=TOY_TRAINING_DEFAULTS["max_steps"],
+        metadata={"help": "Phase-1 optimizer steps per run (the shared budget)."},
+    )
+    phase2_steps: int | None = field(
+        default=None,
+        metadata={"help": "Phase-2 (plain GRPO on task B) optimizer steps per run; default --max_steps; 0 skips it."},
     )
     num_prompts: int = field(
-        default=TOY_NUM_PROMPTS, metadata={"help": "Distinct toy problems every run trains on (at most 320)."}
+        default=TOY_NUM_PROMPTS, metadata={"help": "Distinct problems every run trains on, per task (at most 320)."}
     )
-    seed: int = field(default=0, metadata={"help": "Seed of the toy policy, the prompts and the training."})
+    seed: int = field(default=0, metadata={"help": "Seed of the toy policy, the prompts, the training and sampling."})
+    num_seeds: int = field(
+        default=1, metadata={"help": "Repeat everything with seeds seed, seed+1, ...; tables show the mean."}
+    )
+    num_samples: int = field(
+        default=16, metadata={"help": "Completions sampled per held-out prompt: pass@k for k = 1, 2, 4 ... this."}
+    )
+    full: bool = field(
+        default=False,
+        metadata={"help": "The longer run: 3 seeds and pass@k up to k = 32 (about 3.5 times the default's cost)."},
+    )
     paper_defaults: bool = field(
         default=False,
         metadata={"help": "Ignore the runs' YAML configs and train each method with its library (paper) defaults."},
@@ -64,12 +99,31 @@ class DemoArguments:
     toy_policy_cache: str | None = field(
         default="outputs/toy_policy", metadata={"help": "Folder caching the warm-started toy policy."}
     )
+    workers: int = field(
+        default=2, metadata={"help": "Runs trained at the same time, each in its own single-threaded process."}
+    )
+    job_file: str | None = field(
+        default=None,
+        metadata={"help": "Internal: run the one job this JSON file describes (how the demo uses several workers)."},
+    )
 
     def __post_init__(self):
+        if self.full:
+            self.num_seeds, self.num_samples = max(self.num_seeds, 3), max(self.num_samples, 32)
+        if self.phase2_steps is None:
+            self.phase2_steps = self.max_steps
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.phase2_steps < 0:
+            raise ValueError(f"phase2_steps must be at least 0 (0 skips phase 2), got {self.phase2_steps}")
         if self.smoothing < 1:
             raise ValueError(f"smoothing must be at least 1, got {self.smoothing}")
+        if self.num_seeds < 1:
+            raise ValueError(f"num_seeds must be at least 1, got {self.num_seeds}")
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
         if not self.methods:
             raise ValueError("methods must name at least one run")
 
@@ -92,26 +146,203 @@ def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
     return method, ({} if demo.paper_defaults else settings)
 
 
-def train_one(name: str, demo: DemoArguments, model_path: str, tokenizer, dataset) -> tuple[list[dict], float, float]:
-    """Train the run ``name`` from the saved initial policy; returns its per-step log, wall time and the held-out
-    success of the trained policy (sampling at temperature 1)."""
-    from trl_entropy.toy import toy_reward, toy_success_rate
+# ---------------------------------------------------------------------------------------------------------------------
+# One job: train (or not) one policy on one task, then evaluate it on the held-out problems of both tasks
+# ---------------------------------------------------------------------------------------------------------------------
 
-    method_name, settings = run_settings(name, demo)
-    method = get_method(method_name)
-    training = dict(TOY_TRAINING_DEFAULTS, max_steps=demo.max_steps, logging_steps=1, disable_tqdm=True)
-    values = {**training, **method.defaults, **settings}  # the run's config overrides the registry defaults
-    args = method.config_class(output_dir=os.path.join(demo.output_dir, name), seed=demo.seed, **values)
+
+@dataclass
+class Job:
+    """Phase 0 evaluates the initial policy, phase 1 trains a run on task A, phase 2 trains its result on task B."""
+
+    name: str
+    phase: int
+    seed: int
+    method: str
+    settings: dict
+    model_path: str
+    output_dir: str
+    steps: int
+    num_prompts: int
+    num_samples: int
+
+    @property
+    def key(self) -> str:
+        return f"seed {self.seed} / {self.name} / phase {self.phase}"
+
+    @property
+    def policy_path(self) -> str:
+        return os.path.join(self.output_dir, "policy")
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.output_dir, "result.json")
+
+
+class StepReporter(TrainerCallback):
+    """Calls ``report()`` after every optimizer step (the demo's progress bar)."""
+
+    def __init__(self, report):
+        self.report = report
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.report()
+
+
+def task_training_set(operator: str, num_prompts: int, num_rows: int, seed: int):
+    """Task A is the toy recipe's training set; task B is the same construction over subtraction problems."""
+    if operator == TASK_A:
+        return toy_training_set(num_prompts, num_rows, seed=seed)
+    from trl_entropy.toy import build_toy_dataset
+
+    toy_training_set(num_prompts, 1)  # validates num_prompts
+    pool = build_toy_dataset(num_prompts, seed=seed, operators=(operator,))
+    return pool.select([index for _ in range(-(-num_rows // num_prompts)) for index in range(num_prompts)])
+
+
+def held_out_set(operator: str):
+    """Every held-out problem of one task (80), in a fixed order."""
+    from trl_entropy.toy import build_toy_dataset, toy_problems
+
+    return build_toy_dataset(len(toy_problems("test", (operator,))), split="test", operators=(operator,))
+
+
+def run_job(job: Job, report=lambda: None) -> dict:
+    """Train and evaluate one job in this process; returns its log, pass@k on both tasks, law fit and timings."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from trl_entropy.evaluation import EntropyLawCallback, evaluate_pass_at_k
+    from trl_entropy.toy import toy_reward
+
+    torch.set_num_threads(1)  # the toy model is tiny: more threads only add overhead
+    method = get_method(job.method)
+    batch = TOY_TRAINING_DEFAULTS["per_device_train_batch_size"]
+    training = dict(TOY_TRAINING_DEFAULTS, max_steps=max(job.steps, 1), logging_steps=1, disable_tqdm=True)
+    values = {**training, **method.defaults, **job.settings}  # the run's config overrides the registry defaults
+    args = method.config_class(output_dir=job.output_dir, seed=job.seed, **values)
+    operator = TASK_B if job.phase == 2 else TASK_A
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(job.model_path)
     trainer = method.trainer_class(
-        model=model_path, reward_funcs=toy_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        model=job.model_path,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=task_training_set(operator, job.num_prompts, max(job.steps, 1) * batch, job.seed),
+        processing_class=tokenizer,
     )
     trainer.remove_callback(PrinterCallback)  # no line per step: the demo prints one summary per run
-    start = time.perf_counter()
-    trainer.train()
-    wall_time = time.perf_counter() - start
-    history = [entry for entry in trainer.state.log_history if "entropy" in entry]
-    held_out = toy_success_rate(trainer.model, tokenizer, n=256, seed=demo.seed)
-    return history, wall_time, held_out
+    trainer.add_callback(EntropyLawCallback(trainer))
+    trainer.add_callback(StepReporter(report))
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    if job.steps > 0:
+        trainer.train()
+    wall_time, cpu_time = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    pass_at_k = {}
+    for task in (TASK_A, TASK_B):
+        held_out = held_out_set(task)
+        values = evaluate_pass_at_k(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
+        pass_at_k[task] = {str(k): value for k, value in values.items()}
+    if job.phase == 1:
+        trainer.save_model(job.policy_path)
+        tokenizer.save_pretrained(job.policy_path)
+    laws = [entry for entry in trainer.state.log_history if "entropy/law_a" in entry]
+    return {
+        "history": [entry for entry in trainer.state.log_history if "entropy" in entry],
+        "pass_at_k": pass_at_k,
+        "law": {key: laws[-1][f"entropy/{key}"] for key in ("law_a", "law_b", "predicted_ceiling")} if laws else None,
+        "wall_time_s": wall_time,
+        "cpu_time_s": cpu_time,
+    }
+
+
+def run_job_file(path: str) -> None:
+    """The worker's side: run the job in ``path``, print one line per optimizer step, write the result file."""
+    with open(path) as file:
+        job = Job(**json.load(file))
+    result = run_job(job, report=lambda: print("step", flush=True))
+    with open(job.result_path + ".tmp", "w") as file:
+        json.dump(result, file)
+    os.replace(job.result_path + ".tmp", job.result_path)
+
+
+def execute(jobs: list[Job], after: dict[str, Job], workers: int) -> dict[str, dict]:
+    """Run ``jobs`` and, as each one finishes, the job ``after`` it (phase 2 of a phase-1 run), ``workers`` at a
+    time, with a progress bar over the optimizer steps; returns the results by job key."""
+    from tqdm.auto import tqdm
+
+    total = sum(job.steps for job in jobs) + sum(job.steps for job in after.values())
+    bar = tqdm(total=total, unit="step", desc="training", dynamic_ncols=True)
+    results: dict[str, dict] = {}
+
+    def finish(job: Job, result: dict) -> None:
+        results[job.key] = result
+        line = f"[demo] {job.key}: {job.steps} steps in {result['wall_time_s']:.0f} s"
+        if job.phase:
+            line += f", task-A pass@1 {result['pass_at_k'][TASK_A]['1']:.3f}"
+        bar.write(line + f", task-B pass@1 {result['pass_at_k'][TASK_B]['1']:.3f}")
+
+    pending = list(jobs)
+    if workers == 1:
+        while pending:
+            job = pending.pop(0)
+            finish(job, run_job(job, report=lambda: bar.update(1)))
+            if job.key in after:
+                pending.insert(0, after[job.key])
+        bar.close()
+        return results
+
+    events: queue.Queue = queue.Queue()
+    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+
+    def watch(job: Job, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            if line.strip() == "step":
+                events.put(("step", job.key))
+        events.put(("exit", job.key, process.wait()))
+
+    def start(job: Job) -> None:
+        os.makedirs(job.output_dir, exist_ok=True)
+        job_file = os.path.join(job.output_dir, "job.json")
+        with open(job_file, "w") as file:
+            json.dump(asdict(job), file)
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        with open(os.path.join(job.output_dir, "log.txt"), "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--job_file", job_file],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+            )
+        running[job.key] = (job, process)
+        threading.Thread(target=watch, args=(job, process), daemon=True).start()
+
+    while pending or running:
+        while pending and len(running) < workers:
+            start(pending.pop(0))
+        event = events.get()
+        if event[0] == "step":
+            bar.update(1)
+            continue
+        job, _ = running.pop(event[1])
+        if event[2] != 0:
+            for _, process in running.values():
+                process.kill()
+            bar.close()
+            with open(os.path.join(job.output_dir, "log.txt")) as log:
+                tail = log.read()[-3000:]
+            raise RuntimeError(f"{job.key} failed (exit code {event[2]}); its log ends with:\n{tail}")
+        with open(job.result_path) as file:
+            finish(job, json.load(file))
+        if job.key in after:
+            pending.insert(0, after[job.key])
+    bar.close()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Summaries and tables
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -136,50 +367,110 @@ def curves(history: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     }
 
 
-def summarise(history: list[dict], wall_time: float, held_out: float, window: int) -> dict:
-    """The table's row: entropy at step 1, minimum and final value of its moving average, mean reward over the last
-    tenth of the run, held-out success, wall time."""
-    entropy = curves(history)["entropy"][1]
-    reward = curves(history)["reward"][1]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def summarise(phase1: dict, phase2: dict | None, window: int) -> dict:
+    """One run at one seed: entropy at step 1, minimum and final value of its moving average, mean reward over the
+    first and last tenth of each phase (the phase-2 gain is their difference on task B), held-out pass@k, the law
+    fit, held-out task-B success before and after phase 2."""
+    entropy = curves(phase1["history"])["entropy"][1]
+    reward = curves(phase1["history"])["reward"][1]
     smoothed = moving_average(entropy, window)
-    tail = reward[-max(1, len(reward) // 10) :]
-    head = reward[: max(1, len(reward) // 10)]
-    return {
+    tenth = max(1, len(reward) // 10)
+    law = phase1["law"] or {}
+    summary = {
         "initial_entropy": entropy[0],
         "min_entropy": min(smoothed),
         "final_entropy": smoothed[-1],
-        "initial_reward": sum(head) / len(head),
-        "final_reward": sum(tail) / len(tail),
-        "held_out_success": held_out,
-        "wall_time_s": wall_time,
+        "initial_reward": _mean(reward[:tenth]),
+        "final_reward": _mean(reward[-tenth:]),
+        "held_out_success": phase1["pass_at_k"][TASK_A]["1"],
+        "pass_at_k": {int(k): value for k, value in phase1["pass_at_k"][TASK_A].items()},
+        "law_a": law.get("law_a", math.nan),
+        "law_b": law.get("law_b", math.nan),
+        "law_ceiling": law.get("predicted_ceiling", math.nan),
+        "b_start": phase1["pass_at_k"][TASK_B]["1"],
+        "wall_time_s": phase1["wall_time_s"],
+        "cpu_time_s": phase1["cpu_time_s"],
     }
+    if phase2 is not None:
+        b_reward = curves(phase2["history"])["reward"][1]
+        b_tenth = max(1, len(b_reward) // 10)
+        summary |= {
+            "b_initial_reward": _mean(b_reward[:b_tenth]),
+            "b_final_reward": _mean(b_reward[-b_tenth:]),
+            "b_end": phase2["pass_at_k"][TASK_B]["1"],
+            "phase2_gain": _mean(b_reward[-b_tenth:]) - _mean(b_reward[:b_tenth]),
+            "a_after_phase2": phase2["pass_at_k"][TASK_A]["1"],
+            "phase2_wall_time_s": phase2["wall_time_s"],
+        }
+    return summary
 
 
-COLUMNS = (
-    ("run", "{}"),
-    ("H step 1", "{:.3f}"),
-    ("H min", "{:.3f}"),
-    ("H final", "{:.3f}"),
-    ("reward first 10%", "{:.3f}"),
-    ("reward last 10%", "{:.3f}"),
-    ("held-out success", "{:.3f}"),
-    ("wall s", "{:.0f}"),
-)
+def average(per_seed: list[dict]) -> dict:
+    """The mean of every number over seeds (pass@k per k); each seed's phase-2 gain and held-out task-B pass@1 after
+    phase 2 are kept as lists."""
+    averaged = {}
+    for key, value in per_seed[0].items():
+        if isinstance(value, dict):
+            averaged[key] = {k: _mean([summary[key][k] for summary in per_seed]) for k in value}
+        else:
+            averaged[key] = _mean([summary[key] for summary in per_seed])
+    if "phase2_gain" in averaged:
+        averaged["phase2_gains"] = [summary["phase2_gain"] for summary in per_seed]
+        averaged["b_ends"] = [summary["b_end"] for summary in per_seed]
+    return averaged
 
 
-def _rows(summaries: dict[str, dict]) -> list[list[str]]:
-    keys = ("initial_entropy", "min_entropy", "final_entropy", "initial_reward", "final_reward", "held_out_success")
-    rows = []
-    for name, summary in summaries.items():
-        values = [name, *(summary[key] for key in keys), summary["wall_time_s"]]
-        rows.append([fmt.format(value) for (_, fmt), value in zip(COLUMNS, values)])
-    return rows
+def _cell(key: str, fmt: str):
+    """A column's cell: ``summary[key]`` formatted, "–" where there is no value (a law that was never well posed)."""
+
+    def cell(summary: dict) -> str:
+        value = summary[key]
+        return "–" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
+
+    return cell
 
 
-def format_table(summaries: dict[str, dict]) -> str:
+def phase1_columns(num_samples: int) -> list[tuple[str, object]]:
+    """The phase-1 table: (title, cell) per column."""
+    return [
+        ("H step 1", _cell("initial_entropy", "{:.3f}")),
+        ("H min", _cell("min_entropy", "{:.3f}")),
+        ("H final", _cell("final_entropy", "{:.3f}")),
+        ("reward first 10%", _cell("initial_reward", "{:.3f}")),
+        ("reward last 10%", _cell("final_reward", "{:.3f}")),
+        ("held-out success (pass@1)", _cell("held_out_success", "{:.3f}")),
+        (f"pass@{num_samples}", lambda summary: f"{summary['pass_at_k'][num_samples]:.3f}"),
+        ("law a", _cell("law_a", "{:.3f}")),
+        ("law b", _cell("law_b", "{:.3f}")),
+        ("ceiling b−a", _cell("law_ceiling", "{:.3f}")),
+        ("wall s", _cell("wall_time_s", "{:.0f}")),
+    ]
+
+
+def phase2_columns(num_seeds: int) -> list[tuple[str, object]]:
+    """The phase-2 table: (title, cell) per column; with several seeds, each seed's gain too."""
+    columns = [
+        ("B reward first 10%", _cell("b_initial_reward", "{:.3f}")),
+        ("B reward last 10%", _cell("b_final_reward", "{:.3f}")),
+        ("phase-2 gain", _cell("phase2_gain", "{:+.3f}")),
+        ("B held-out pass@1 before", _cell("b_start", "{:.3f}")),
+        ("after", _cell("b_end", "{:.3f}")),
+        ("A held-out pass@1 after", _cell("a_after_phase2", "{:.3f}")),
+        ("wall s", _cell("phase2_wall_time_s", "{:.0f}")),
+    ]
+    if num_seeds > 1:
+        columns.append(("gain per seed", lambda summary: " / ".join(f"{g:+.3f}" for g in summary["phase2_gains"])))
+    return columns
+
+
+def format_table(summaries: dict[str, dict], columns: list[tuple[str, object]]) -> str:
     """The summaries as an aligned text table."""
-    headers = [title for title, _ in COLUMNS]
-    rows = _rows(summaries)
+    headers = ["run"] + [title for title, _ in columns]
+    rows = [[name] + [cell(summary) for _, cell in columns] for name, summary in summaries.items()]
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
     lines = [
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -189,12 +480,20 @@ def format_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown_table(summaries: dict[str, dict]) -> str:
+def format_markdown_table(summaries: dict[str, dict], columns: list[tuple[str, object]]) -> str:
     """The summaries as a Markdown table."""
-    headers = [title for title, _ in COLUMNS]
+    headers = ["run"] + [title for title, _ in columns]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _rows(summaries)]
+    lines += [
+        "| " + " | ".join([name] + [cell(summary) for _, cell in columns]) + " |"
+        for name, summary in summaries.items()
+    ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _label_line_ends(axis, ends: list[tuple[float, str, object]], gap: float = 0.045) -> None:
@@ -215,119 +514,299 @@ def _label_line_ends(axis, ends: list[tuple[float, str, object]], gap: float = 0
             xytext=(4, 0),
             textcoords="offset points",
             va="center",
-            fontsize=9,
+            fontsize=8.5,
             color=colour,
             annotation_clip=False,
         )
 
 
-def plot(histories: dict[str, list[dict]], path: str, window: int, title: str = "") -> None:
-    """Entropy and reward curves (moving averages over ``window`` optimizer steps), one line per run, each labelled
-    at its end."""
+def run_styles(names: list[str]) -> dict[str, dict]:
+    """GRPO thick black, EntReg dashed grey, every method its own colour."""
+    import matplotlib.pyplot as plt
+
+    palette, styles, index = plt.get_cmap("tab10"), {}, 0
+    for name in names:
+        if name == "grpo":
+            styles[name] = {"color": "black", "linewidth": 2.6, "zorder": 5}
+        elif name == "entreg":
+            styles[name] = {"color": "0.5", "linewidth": 2.0, "linestyle": "--", "zorder": 4}
+        else:
+            styles[name] = {"color": palette(index % 10), "linewidth": 1.7}
+            index += 1
+    return styles
+
+
+def mean_curve(histories: list[list[dict]], metric: str, window: int) -> tuple[list[int], list[float]]:
+    """The seeds' mean of a metric's moving average (over ``window`` optimizer steps)."""
+    smoothed = []
+    for history in histories:
+        steps, values = curves(history)[metric]
+        points = max(1, round(window * len(values) / max(len(history), 1)))  # rewards come every other step
+        smoothed.append(moving_average(values, points))
+    length = min(len(values) for values in smoothed)
+    return steps[:length], [_mean([values[i] for values in smoothed]) for i in range(length)]
+
+
+def _entropy_ticks(axis) -> None:
+    low, high = axis.get_ylim()
+    candidates = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
+    ticks = [tick for tick in candidates if low <= tick <= high]
+    axis.set_yticks(ticks, [f"{tick:g}" for tick in ticks])
+    axis.set_yticks([], minor=True)
+
+
+def plot(
+    phase1: dict[str, list[list[dict]]],
+    phase2: dict[str, list[list[dict]]],
+    summaries: dict[str, dict],
+    initial_pass_at_k: dict[int, float],
+    path: str,
+    window: int,
+    title: str = "",
+) -> None:
+    """Top row, phase 1 on task A: entropy (log scale), training reward, held-out pass@k against k. Bottom row,
+    phase 2 (plain GRPO on task B from each phase-1 policy): entropy, training reward, and held-out task-B pass@1
+    before and after. Curves are moving averages over ``window`` optimizer steps (means over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(15, 5.6))
-    palette = plt.get_cmap("tab10")
-    colour_index = 0
-    ends: dict[int, list] = {0: [], 1: []}
-    for name, history in histories.items():
-        if name == "grpo":
-            style = {"color": "black", "linewidth": 2.8, "zorder": 5}
-        elif name == "entreg":
-            style = {"color": "0.5", "linewidth": 2.0, "linestyle": "--", "zorder": 4}
-        else:
-            style = {"color": palette(colour_index % 10), "linewidth": 1.8}
-            colour_index += 1
-        for panel, (steps, values) in enumerate(curves(history).values()):
-            # Rewards are logged only on generation steps: average over the same number of optimizer steps.
-            points = max(1, round(window * len(values) / max(len(history), 1)))
-            smoothed = moving_average(values, points)
-            axes[panel].plot(steps, smoothed, label=name, **style)
-            if smoothed:
-                ends[panel].append((smoothed[-1], name, style["color"]))
-    axes[0].set(
-        title=f"Mean token entropy ({window}-step moving average, log scale)",
-        xlabel="optimizer step",
-        ylabel="entropy (nats)",
+    names = list(phase1)
+    styles = run_styles(names)
+    rows = 2 if phase2 else 1
+    figure, axes = plt.subplots(rows, 3, figsize=(19, 5.4 * rows), squeeze=False)
+    panels = [(0, phase1, "task A (addition), phase 1")]
+    if phase2:
+        panels.append((1, phase2, "task B (subtraction), phase 2 (GRPO)"))
+    for row, histories, label in panels:
+        entropy_axis, reward_axis = axes[row][0], axes[row][1]
+        ends = {0: [], 1: []}
+        for name in names:
+            for column, metric in enumerate(("entropy", "reward")):
+                steps, values = mean_curve(histories[name], metric, window)
+                axes[row][column].plot(steps, values, label=name, **styles[name])
+                if values:
+                    ends[column].append((values[-1], name, styles[name]["color"]))
+        entropy_axis.set(title=f"Mean token entropy, {label}", xlabel="optimizer step", ylabel="entropy (nats)")
+        entropy_axis.set_yscale("log")  # a collapse is a fall by a factor; an exploding run does not squash the rest
+        _entropy_ticks(entropy_axis)
+        reward_axis.set(title=f"Training reward, {label}", xlabel="optimizer step", ylabel="mean reward (success)")
+        for column, axis in enumerate((entropy_axis, reward_axis)):
+            axis.grid(alpha=0.3)
+            axis.set_xlim(0, max(len(history) for runs in histories.values() for history in runs))
+            _label_line_ends(axis, ends[column])
+
+    ks = sorted(initial_pass_at_k)
+    pass_axis = axes[0][2]
+    pass_axis.plot(ks, [initial_pass_at_k[k] for k in ks], color="black", linestyle=":", marker="o", label="start")
+    for name in names:
+        pass_at_k = summaries[name]["pass_at_k"]
+        pass_axis.plot(ks, [pass_at_k[k] for k in ks], marker="o", markersize=3.5, label=name, **styles[name])
+    pass_axis.set_xscale("log", base=2)
+    pass_axis.set_xticks(ks, [str(k) for k in ks])
+    pass_axis.set(
+        title="Held-out pass@k, task A, after phase 1",
+        xlabel="k (samples per problem)",
+        ylabel="pass@k (80 held-out problems)",
     )
-    # A log scale keeps a run whose entropy explodes (a too-large fixed bonus drives it towards ln V ≈ 3.8) from
-    # squashing the others, and shows a collapse as what it is: a steady fall by a factor.
-    axes[0].set_yscale("log")
-    low, high = axes[0].get_ylim()
-    dense = high / low < 5  # a narrow range gets more ticks
-    candidates = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
-    if not dense:
-        candidates = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0)
-    ticks = [tick for tick in candidates if low <= tick <= high]
-    axes[0].set_yticks(ticks, [f"{tick:g}" for tick in ticks])
-    axes[0].set_yticks([], minor=True)
-    axes[1].set(
-        title=f"Reward on the training prompts ({window}-step moving average)",
-        xlabel="optimizer step",
-        ylabel="mean reward (success rate)",
-    )
-    for panel, axis in enumerate(axes):
-        axis.grid(alpha=0.3)
-        axis.set_xlim(0, max(len(history) for history in histories.values()))
-        _label_line_ends(axis, ends[panel])
+    pass_axis.grid(alpha=0.3)
+    pass_axis.legend(fontsize=8, loc="lower right")
+
+    if phase2:
+        gain_axis = axes[1][2]
+        for position, name in enumerate(names):
+            summary, colour = summaries[name], styles[name]["color"]
+            gain_axis.annotate(
+                "",
+                xy=(position, summary["b_end"]),
+                xytext=(position, summary["b_start"]),
+                arrowprops={"arrowstyle": "->", "color": colour, "linewidth": 2},
+            )
+            gain_axis.plot([position], [summary["b_start"]], marker="o", color=colour, markerfacecolor="white")
+            gain_axis.plot([position], [summary["b_end"]], marker="o", color=colour)
+            if len(summary["b_ends"]) > 1:  # each seed's end point, to show the spread
+                seeds = summary["b_ends"]
+                gain_axis.scatter([position + 0.15] * len(seeds), seeds, s=12, color=colour, alpha=0.6)
+        gain_axis.set_xticks(range(len(names)), names, rotation=30)
+        gain_axis.set(
+            title="Held-out pass@1, task B: before (o) and after (●) phase 2",
+            ylabel="pass@1 (80 held-out problems)",
+        )
+        gain_axis.grid(alpha=0.3, axis="y")
     if title:
         figure.suptitle(title, fontsize=11)
     figure.tight_layout()
-    figure.subplots_adjust(wspace=0.22)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
+    figure.subplots_adjust(wspace=0.28, hspace=0.32)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
 
 
-def main(demo: DemoArguments) -> dict[str, dict]:
-    import torch
+# ---------------------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------------------
 
+
+def versions() -> dict:
+    """What the numbers came from: library versions, Python, the machine, the git commit of this checkout."""
+    import torch
+    import transformers
+    import trl
+
+    import trl_entropy
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "trl_entropy": trl_entropy.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "git_commit": commit,
+    }
+
+
+def cpu_seconds() -> float:
+    """CPU time used so far by this process and its finished worker processes (user + system)."""
+    import resource
+
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(item.ru_utime + item.ru_stime for item in usage)
+
+
+def main(demo: DemoArguments) -> dict[str, dict]:
     from trl_entropy.toy import build_toy_policy
 
-    torch.set_num_threads(1)  # the toy model is tiny: more threads only add overhead
     settings = {name: run_settings(name, demo) for name in demo.methods}  # fail before any training on a bad run
     os.makedirs(demo.output_dir, exist_ok=True)
-    model, tokenizer = build_toy_policy(seed=demo.seed, cache_dir=demo.toy_policy_cache)
-    model_path = os.path.join(demo.output_dir, "initial_policy")
-    model.save_pretrained(model_path)  # every run starts from these exact weights
-    tokenizer.save_pretrained(model_path)
-    rows = demo.max_steps * TOY_TRAINING_DEFAULTS["per_device_train_batch_size"]
-    dataset = toy_training_set(demo.num_prompts, rows, seed=demo.seed)
-    histories, summaries = {}, {}
-    for name in demo.methods:
-        history, wall_time, held_out = train_one(name, demo, model_path, tokenizer, dataset)
-        histories[name] = history
-        summaries[name] = summarise(history, wall_time, held_out, demo.smoothing)
-        print(f"[demo] {name}: {json.dumps({k: round(v, 4) for k, v in summaries[name].items()})}", flush=True)
+    seeds = [demo.seed + offset for offset in range(demo.num_seeds)]
+    jobs, after = [], {}
+    grpo_settings = run_settings("grpo", demo)[1]
+    for seed in seeds:
+        seed_dir = os.path.join(demo.output_dir, f"seed{seed}")
+        model, tokenizer = build_toy_policy(
+            seed=seed, warm_start_steps=WARM_START_STEPS, cache_dir=demo.toy_policy_cache, operators=(TASK_A, TASK_B)
+        )
+        initial = os.path.join(seed_dir, "initial_policy")
+        model.save_pretrained(initial)  # every run of this seed starts from these exact weights
+        tokenizer.save_pretrained(initial)
+        common = {"seed": seed, "num_prompts": demo.num_prompts, "num_samples": demo.num_samples, "steps": 0}
+        start_dir = os.path.join(seed_dir, "start")
+        jobs.append(Job("start", 0, method="grpo", settings={}, model_path=initial, output_dir=start_dir, **common))
+        for name, (method, values) in settings.items():
+            phase1_dir, phase2_dir = (os.path.join(seed_dir, name, f"phase{phase}") for phase in (1, 2))
+            first = Job(
+                name,
+                1,
+                method=method,
+                settings=values,
+                model_path=initial,
+                output_dir=phase1_dir,
+                **dict(common, steps=demo.max_steps),
+            )
+            jobs.append(first)
+            if demo.phase2_steps:
+                after[first.key] = Job(
+                    name,
+                    2,
+                    method="grpo",
+                    settings=grpo_settings,
+                    model_path=first.policy_path,
+                    output_dir=phase2_dir,
+                    **dict(common, steps=demo.phase2_steps),
+                )
+    jobs.sort(key=lambda job: job.phase == 0)  # the long runs first; the evaluations of the start fill in
+    start_time, start_cpu = time.perf_counter(), cpu_seconds()
+    results = execute(jobs, after, demo.workers)
+    total_time, total_cpu = time.perf_counter() - start_time, cpu_seconds() - start_cpu
+
+    def result(seed, name, phase):
+        return results.get(f"seed {seed} / {name} / phase {phase}")
+
+    per_seed = {
+        name: [summarise(result(seed, name, 1), result(seed, name, 2), demo.smoothing) for seed in seeds]
+        for name in demo.methods
+    }
+    summaries = {name: average(runs) for name, runs in per_seed.items()}
+    initial_pass_at_k = {
+        int(k): _mean([result(seed, "start", 0)["pass_at_k"][TASK_A][k] for seed in seeds])
+        for k in result(seeds[0], "start", 0)["pass_at_k"][TASK_A]
+    }
+    initial_b = _mean([result(seed, "start", 0)["pass_at_k"][TASK_B]["1"] for seed in seeds])
+    phase1_histories = {name: [result(seed, name, 1)["history"] for seed in seeds] for name in demo.methods}
+    phase2_histories = (
+        {name: [result(seed, name, 2)["history"] for seed in seeds] for name in demo.methods}
+        if demo.phase2_steps
+        else {}
+    )
+    columns = phase1_columns(demo.num_samples)
+    tables = [format_markdown_table(summaries, columns)]
+    if demo.phase2_steps:
+        tables.append(format_markdown_table(summaries, phase2_columns(len(seeds))))
     with open(os.path.join(demo.output_dir, "history.json"), "w") as file:
         json.dump(
             {
                 "arguments": vars(demo),
+                "versions": versions(),
+                "total_wall_time_s": total_time,
+                "total_cpu_time_s": total_cpu,
                 "training": TOY_TRAINING_DEFAULTS,
+                "warm_start_steps": WARM_START_STEPS,
                 "runs": {name: {"method": method, "settings": values} for name, (method, values) in settings.items()},
+                "initial_policy": {"pass_at_k_task_a": initial_pass_at_k, "pass_at_1_task_b": initial_b},
                 "summaries": summaries,
-                "histories": histories,
+                "per_seed": {name: dict(zip(map(str, seeds), runs)) for name, runs in per_seed.items()},
+                "histories": {name: runs[0] for name, runs in phase1_histories.items()},
+                "phase2_histories": {name: runs[0] for name, runs in phase2_histories.items()},
+                "all_seeds": {
+                    str(seed): {
+                        name: {phase: result(seed, name, phase) for phase in (1, 2) if result(seed, name, phase)}
+                        for name in demo.methods
+                    }
+                    for seed in seeds
+                },
             },
             file,
             indent=1,
         )
     with open(os.path.join(demo.output_dir, "table.md"), "w") as file:
-        file.write(format_markdown_table(summaries) + "\n")
+        file.write("\n\n".join(tables) + "\n")
     png = os.path.join(demo.output_dir, "entropy_collapse.png")
-    title = f"Toy task, {demo.num_prompts} prompts, {demo.max_steps} steps, seed {demo.seed}" + (
-        ", library defaults" if demo.paper_defaults else ", settings of examples/configs"
+    seed_text = f"seed {demo.seed}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
+    title = (
+        f"Toy task, {demo.num_prompts} prompts per task, {demo.max_steps} + {demo.phase2_steps} steps, {seed_text}, "
+        + ("library defaults" if demo.paper_defaults else "settings of examples/configs")
     )
-    plot(histories, png, demo.smoothing, title)
+    plot(phase1_histories, phase2_histories, summaries, initial_pass_at_k, png, demo.smoothing, title)
     print()
-    print(format_table(summaries))
+    print(
+        f"Phase 1, task A (addition); the start policy: pass@1 {initial_pass_at_k[1]:.3f}, "
+        f"pass@{demo.num_samples} {initial_pass_at_k[demo.num_samples]:.3f}"
+    )
+    print(format_table(summaries, columns))
+    if demo.phase2_steps:
+        print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {initial_b:.3f}")
+        print(format_table(summaries, phase2_columns(len(seeds))))
     print(f"\nCurves: {png}")
-    if any(not math.isfinite(s["final_entropy"]) for s in summaries.values()):
+    print(f"Total: {total_time:.0f} s wall, {total_cpu:.0f} s of CPU time over {demo.workers} worker(s)")
+    if any(not math.isfinite(summary["final_entropy"]) for summary in summaries.values()):
         raise RuntimeError("a run ended with a non-finite entropy")
     return summaries
 
 
 if __name__ == "__main__":
     (demo_arguments,) = TrlParser((DemoArguments,)).parse_args_and_config()
-    main(demo_arguments)
+    if demo_arguments.job_file:
+        run_job_file(demo_arguments.job_file)
+    else:
+        main(demo_arguments)

@@ -167,6 +167,26 @@ def test_dataset_splits_and_seeding():
         build_toy_dataset(4, split="validation")
 
 
+def test_operators_give_tasks_with_their_own_splits():
+    addition = {split: toy_problems(split) for split in ("train", "test")}
+    both = {split: toy_problems(split, operators=("+", "-")) for split in ("train", "test")}
+    for split, problems in addition.items():  # an operator's split does not depend on which others come with it
+        assert both[split][: len(problems)] == problems
+        assert toy_problems(split, operators=("-", "+"))[-len(problems) :] == problems
+    subtraction = toy_problems("all", operators=("-",))
+    assert len(subtraction) == 400 and all("-" in prompt[1:] for prompt, _ in subtraction)
+    assert any(answer.startswith("-") for _, answer in subtraction)  # negative answers exist
+    for prompt, answer in subtraction:
+        assert int(answer) == _recompute(prompt)
+    train, test = ({p for p, _ in toy_problems(split, operators=("-",))} for split in ("train", "test"))
+    assert len(train) == 320 and len(test) == 80 and not train & test
+    dataset = build_toy_dataset(30, seed=2, split="test", operators=("-",))
+    assert set(dataset["prompt"]) <= test
+    for operators in ((), ("+", "+"), ("/",), ("plus",)):
+        with pytest.raises(ValueError, match="operators must be distinct operators"):
+            toy_problems("train", operators=operators)
+
+
 def test_reward_hand_cases():
     completions = ["42", "43", " 42 \n", "42<eos>", "42<eos>7", "42 7", "4", "420", "", "<eos>42", "x42", "-42"]
     expected = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -198,6 +218,8 @@ def test_warm_started_policy_succeeds_sometimes(policy):
     assert toy_success_rate(model, tokenizer, n=256, temperature=1.0, seed=0) == rate  # reproducible
     # Far above an untrained model, which essentially never answers correctly.
     assert toy_success_rate(build_toy_model(tokenizer), tokenizer, n=64) < 0.05
+    # Warm-started on addition only, it rarely solves the subtraction task (about 1% of its problems).
+    assert toy_success_rate(model, tokenizer, n=256, operators=("-",)) < 0.05
 
 
 def test_cache_round_trip_gives_identical_logits(tmp_path):
@@ -220,6 +242,22 @@ def test_cache_round_trip_gives_identical_logits(tmp_path):
         assert torch.equal(loaded_model(**batch).logits, reference)
     assert loaded_model.config.tie_word_embeddings
     assert loaded_model.generation_config.eos_token_id == fresh_tokenizer.eos_token_id
+
+
+def test_policy_warm_started_on_two_tasks_is_cached_apart(tmp_path):
+    build_toy_policy(seed=3, warm_start_steps=2, cache_dir=tmp_path)
+    model, tokenizer = build_toy_policy(seed=3, warm_start_steps=2, cache_dir=tmp_path, operators=("+", "-"))
+    assert sorted(folder.name for folder in tmp_path.iterdir()) == [
+        "toy_policy_v1_seed3_steps2",
+        "toy_policy_v1_seed3_steps2_add_sub",
+    ]
+    # The same weights as a direct warm start on both tasks' problems, which differs from the addition-only one.
+    direct, _ = build_toy_policy(seed=3, warm_start_steps=2, operators=("+", "-"))
+    addition_only, _ = build_toy_policy(seed=3, warm_start_steps=2)
+    batch = tokenizer(["1-2=", "3+4="], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, direct(**batch).logits)
+        assert not torch.equal(model(**batch).logits, addition_only(**batch).logits)
 
 
 def test_cached_tokenizer_loads_with_auto_tokenizer(tmp_path):

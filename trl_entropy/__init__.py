@@ -11,6 +11,15 @@ from .aent import AEntConfig, AEntController, AEntTrainer  # noqa: E402
 from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer  # noqa: E402
 from .controllers import Controller  # noqa: E402
 from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer  # noqa: E402
+from .evaluation import (  # noqa: E402
+    EntropyLaw,
+    EntropyLawCallback,
+    PassAtKCallback,
+    evaluate_pass_at_k,
+    fit_entropy_law,
+    pass_at_k,
+    pass_at_k_values,
+)
 from .repo import REPOConfig, REPOController, REPOTrainer  # noqa: E402
 
 
@@ -28,9 +37,16 @@ __all__ = [
     "Controller",
     "EntropyGRPOConfig",
     "EntropyGRPOTrainer",
+    "EntropyLaw",
+    "EntropyLawCallback",
     "KLCovConfig",
     "KLCovTrainer",
+    "PassAtKCallback",
     "REPOConfig",
     "REPOController",
     "REPOTrainer",
+    "evaluate_pass_at_k",
+    "fit_entropy_law",
+    "pass_at_k",
+    "pass_at_k_values",
 ]

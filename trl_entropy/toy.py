@@ -6,7 +6,8 @@ access, CPU only) in seconds:
 * :func:`build_toy_tokenizer`: a character-level ``PreTrainedTokenizerFast`` over a small alphabet.
 * :func:`build_toy_model`: a randomly initialised two-layer Llama-architecture causal LM sized to that tokenizer.
 * :func:`build_toy_dataset`: two-operand arithmetic prompts such as ``"7+12="`` with their answers (``"19"``), in
-  disjoint ``"train"`` and ``"test"`` splits.
+  disjoint ``"train"`` and ``"test"`` splits; addition by default, subtraction or multiplication on request
+  (``operators=("-",)``), which gives a second task on the same tokenizer.
 * :func:`toy_reward`: a TRL reward function (binary: 1.0 for the exact answer, else 0.0).
 * :func:`warm_start`: a short supervised fit so that reinforcement learning starts from a policy that succeeds *some*
   of the time when sampling at temperature 1 (no success, or constant success, would give GRPO no advantage signal).
@@ -83,6 +84,7 @@ TOY_MODEL_MAX_LENGTH = 64
 # steps.
 TOY_MAX_OPERAND = 19
 TOY_OPERATORS = ("+",)
+_OPERATOR_NAMES = {"+": "add", "-": "sub", "*": "mul"}  # the cache folder names an operator set by these
 TOY_TEST_FRACTION = 0.2
 _SPLIT_SEED = 20240601  # fixes the train/test partition independently of any user seed
 
@@ -102,50 +104,59 @@ def _apply(a: int, op: str, b: int) -> int:
     raise ValueError(f"Unsupported operator {op!r}")
 
 
-def toy_problems(split: str = "train") -> list[tuple[str, str]]:
+def _check_operators(operators) -> tuple[str, ...]:
+    operators = tuple(operators)
+    if not operators or len(set(operators)) != len(operators) or any(op not in _OPERATOR_NAMES for op in operators):
+        raise ValueError(
+            f"operators must be distinct operators among {sorted(_OPERATOR_NAMES)}, at least one, got {operators!r}"
+        )
+    return operators
+
+
+def toy_problems(split: str = "train", operators: tuple[str, ...] = TOY_OPERATORS) -> list[tuple[str, str]]:
     """Return every ``(prompt, answer)`` pair of a split of the toy task, in a fixed order.
 
-    The full problem space (``f"{a}{op}{b}="`` for ``op`` in ``TOY_OPERATORS``, by default only ``"+"``, and
-    ``0 <= a, b <= TOY_MAX_OPERAND``: 400 problems by default) is shuffled once with a fixed seed and cut into a
-    held-out ``"test"`` part (``TOY_TEST_FRACTION`` of it, 80 problems) and a ``"train"`` part (320), so the two
-    splits never share a prompt. ``split="all"`` returns the whole space.
+    The problem space of one operator (``f"{a}{op}{b}="`` with ``0 <= a, b <= TOY_MAX_OPERAND``: 400 problems) is
+    shuffled once with a fixed seed and cut into a held-out ``"test"`` part (``TOY_TEST_FRACTION`` of it, 80
+    problems) and a ``"train"`` part (320), so the two splits never share a prompt. With several ``operators``
+    (default: only ``"+"``) the per-operator lists are concatenated in the given order, so an operator's split is
+    the same whichever others come with it. ``split="all"`` returns the whole space.
     """
-    problems = [
-        (f"{a}{op}{b}=", str(_apply(a, op, b)))
-        for op in TOY_OPERATORS
-        for a in range(TOY_MAX_OPERAND + 1)
-        for b in range(TOY_MAX_OPERAND + 1)
-    ]
-    random.Random(_SPLIT_SEED).shuffle(problems)
-    n_test = int(round(len(problems) * TOY_TEST_FRACTION))
-    if split == "test":
-        return problems[:n_test]
-    if split == "train":
-        return problems[n_test:]
-    if split == "all":
-        return problems
-    raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    problems = []
+    for op in _check_operators(operators):
+        space = [
+            (f"{a}{op}{b}=", str(_apply(a, op, b)))
+            for a in range(TOY_MAX_OPERAND + 1)
+            for b in range(TOY_MAX_OPERAND + 1)
+        ]
+        random.Random(_SPLIT_SEED).shuffle(space)
+        n_test = int(round(len(space) * TOY_TEST_FRACTION))
+        problems += {"test": space[:n_test], "train": space[n_test:], "all": space}[split]
+    return problems
 
 
-def _sample_problems(n: int, seed: int, split: str) -> list[tuple[str, str]]:
-    pool = toy_problems(split)
+def _sample_problems(n: int, seed: int, split: str, operators: tuple[str, ...]) -> list[tuple[str, str]]:
+    pool = toy_problems(split, operators)
     rng = random.Random(seed)
     if n <= len(pool):
         return rng.sample(pool, n)
     return [rng.choice(pool) for _ in range(n)]
 
 
-def build_toy_dataset(n: int, seed: int = 0, split: str = "train"):
+def build_toy_dataset(n: int, seed: int = 0, split: str = "train", operators: tuple[str, ...] = TOY_OPERATORS):
     """Return a ``datasets.Dataset`` of ``n`` toy arithmetic problems with columns ``"prompt"`` and ``"answer"``.
 
     Prompts are plain (non-conversational) strings such as ``"7+12="``; answers are the decimal result as a string
-    (``"19"``). Problems are drawn from ``split`` (``"train"``, ``"test"`` or ``"all"``, see :func:`toy_problems`) with
-    ``seed``: without replacement when ``n`` fits in the split, with replacement otherwise.
+    (``"19"``, ``"-3"`` for a subtraction). Problems are drawn from ``split`` (``"train"``, ``"test"`` or ``"all"``)
+    of the ``operators``' problems (see :func:`toy_problems`) with ``seed``: without replacement when ``n`` fits in
+    the split, with replacement otherwise.
     The ``"answer"`` column reaches :func:`toy_reward` as a keyword argument inside ``GRPOTrainer``.
     """
     from datasets import Dataset
 
-    problems = _sample_problems(n, seed, split)
+    problems = _sample_problems(n, seed, split, operators)
     return Dataset.from_dict({"prompt": [p for p, _ in problems], "answer": [a for _, a in problems]})
 
 
@@ -297,6 +308,7 @@ def warm_start(
     seed: int = 0,
     lr: float = _WARM_START_LR,
     batch_size: int = _WARM_START_BATCH_SIZE,
+    operators: tuple[str, ...] = TOY_OPERATORS,
 ) -> list[float]:
     """Fit ``model`` in place on the toy ``"train"`` split for ``steps`` supervised steps; return the per-step losses.
 
@@ -304,10 +316,11 @@ def warm_start(
     cosine decay to zero), minibatches of ``batch_size`` problems drawn with a generator seeded by ``seed``, teacher
     forcing on ``prompt + answer + <eos>`` with the cross-entropy on the answer and eos tokens only. The default step
     count leaves the policy partly trained: at temperature 1 it solves about half of the held-out prompts, which is
-    what GRPO needs for non-zero advantages. The model's train/eval mode is restored afterwards. The default run
-    costs about 5 s of CPU time.
+    what GRPO needs for non-zero advantages. With several ``operators`` the minibatches mix their training problems
+    (each operator's share of a batch is its share of the split); the policy then needs more steps per operator. The
+    model's train/eval mode is restored afterwards. The default run costs about 5 s of CPU time.
     """
-    input_ids, attention_mask, labels = _teacher_forcing_batch(tokenizer, toy_problems("train"))
+    input_ids, attention_mask, labels = _teacher_forcing_batch(tokenizer, toy_problems("train", operators))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, steps // 10)
@@ -352,16 +365,17 @@ def toy_success_rate(
     split: str = "test",
     max_new_tokens: int = 8,
     batch_size: int = 256,
+    operators: tuple[str, ...] = TOY_OPERATORS,
 ) -> float:
     """Return the fraction of ``n`` held-out prompts that ``model`` answers correctly, sampling at ``temperature``.
 
-    Prompts come from ``split`` (default: the held-out ``"test"`` split), drawn with ``seed`` as in
-    :func:`build_toy_dataset` (with replacement when ``n`` exceeds the split's size); one completion per prompt is
-    sampled (greedy when ``temperature == 0``) with at most ``max_new_tokens`` new tokens, decoded without special
-    tokens and scored with :func:`toy_reward`. Sampling uses ``seed`` with the global torch RNG state saved and
-    restored, so the result is reproducible and leaves other code's randomness alone.
+    Prompts come from ``split`` (default: the held-out ``"test"`` split) of the ``operators``' problems, drawn with
+    ``seed`` as in :func:`build_toy_dataset` (with replacement when ``n`` exceeds the split's size); one completion
+    per prompt is sampled (greedy when ``temperature == 0``) with at most ``max_new_tokens`` new tokens, decoded
+    without special tokens and scored with :func:`toy_reward`. Sampling uses ``seed`` with the global torch RNG state
+    saved and restored, so the result is reproducible and leaves other code's randomness alone.
     """
-    problems = _sample_problems(n, seed, split)
+    problems = _sample_problems(n, seed, split, operators)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -387,28 +401,35 @@ def toy_success_rate(
 
 
 def build_toy_policy(
-    seed: int = 0, warm_start_steps: int = TOY_WARM_START_STEPS, cache_dir: str | os.PathLike | None = None
+    seed: int = 0,
+    warm_start_steps: int = TOY_WARM_START_STEPS,
+    cache_dir: str | os.PathLike | None = None,
+    operators: tuple[str, ...] = TOY_OPERATORS,
 ):
-    """Return ``(model, tokenizer)``: the toy model built with ``seed``, warm-started for ``warm_start_steps`` steps.
+    """Return ``(model, tokenizer)``: the toy model built with ``seed``, warm-started for ``warm_start_steps`` steps
+    on the ``operators``' training problems (see :func:`warm_start`).
 
     With ``cache_dir``, the result is saved there (``save_pretrained``, in a sub-folder named after the seed, the step
-    count and a format version) the first time and loaded with ``from_pretrained`` afterwards, so tests and examples
-    pay for the warm start once. The folder is written to a temporary name and renamed, so concurrent callers never
-    see a half-written policy. The model is returned in eval mode, in float32, on CPU.
+    count, the operators when they are not the default, and a format version) the first time and loaded with
+    ``from_pretrained`` afterwards, so tests and examples pay for the warm start once. The folder is written to a
+    temporary name and renamed, so concurrent callers never see a half-written policy. The model is returned in eval
+    mode, in float32, on CPU.
     """
     if cache_dir is None:
         tokenizer = build_toy_tokenizer()
         model = build_toy_model(tokenizer, seed=seed)
         if warm_start_steps > 0:
-            warm_start(model, tokenizer, steps=warm_start_steps, seed=seed)
+            warm_start(model, tokenizer, steps=warm_start_steps, seed=seed, operators=operators)
         return model.eval(), tokenizer
 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     cache_dir = Path(cache_dir)
-    target = cache_dir / f"toy_policy_v{_CACHE_FORMAT_VERSION}_seed{seed}_steps{warm_start_steps}"
+    operators = _check_operators(operators)
+    task = "" if operators == TOY_OPERATORS else "_" + "_".join(_OPERATOR_NAMES[op] for op in operators)
+    target = cache_dir / f"toy_policy_v{_CACHE_FORMAT_VERSION}_seed{seed}_steps{warm_start_steps}{task}"
     if not (target / "config.json").exists():
-        model, tokenizer = build_toy_policy(seed=seed, warm_start_steps=warm_start_steps, cache_dir=None)
+        model, tokenizer = build_toy_policy(seed, warm_start_steps, cache_dir=None, operators=operators)
         cache_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=cache_dir))
         try:
