@@ -1,22 +1,31 @@
-"""Resume: N steps straight equal N/2 steps, a checkpoint, and N/2 more steps resumed from it, for every trainer.
+"""Resume: the one suite for checkpoints of every trainer.
 
-The runs sample their completions from the policy (no fixed rollout), so the resumed run also has to restore the data
-order and the random state; the methods' own state (controllers, Clip-Cov's selection generator, TRL's adaptive
-entropy coefficient) comes back from the checkpoint.
+A run of N steps straight equals the same run resumed from one of its checkpoints, for every trainer. The runs use
+``num_iterations = 2`` (a generation cycle is two optimizer steps) and resume from the checkpoint of step 1, in the
+middle of a cycle: the controllers' partial cycle statistics and the buffered generation batch must come back with
+them. The completions are sampled from the policy (no fixed rollout), so the resumed run also has to restore the data
+order and the random state. The controller state travels in ``trainer_state.json`` (``stateful_callbacks``), written
+before Trainer pushes a checkpoint to the Hub: a pushed checkpoint carries it and resumes exactly; a checkpoint
+without it is refused.
 """
 
+import fnmatch
 import json
 import os
+import shutil
+from concurrent.futures import Future
 
 import pytest
 import torch
 from distributed_run import ControllerRecorder, logged, make_trainer
 
-from trl_entropy.base import CONTROLLER_STATE_FILE
+from trl_entropy.base import GENERATION_BATCH_FILE
+from trl_entropy.controllers import EntropyControlState
 from trl_entropy.methods import METHODS
 
 
 STEPS = 4
+CHECKPOINT = 1  # inside the first generation cycle (steps 1 and 2)
 # TRL's own adaptive entropy bonus has state of its own (coefficient, last entropy) in TRL's checkpoint file.
 CASES = [(name, {}) for name in sorted(METHODS)] + [
     (
@@ -33,9 +42,11 @@ def train(method, path, output_dir, resume_from=None, **options):
         path,
         output_dir,
         rollout=None,  # sampled completions
+        per_device_train_batch_size=16,
+        num_iterations=2,
         max_steps=STEPS,
         save_strategy="steps",
-        save_steps=STEPS // 2,
+        save_steps=1,
         **options,
     )
     recorder = ControllerRecorder()
@@ -50,44 +61,131 @@ def step_values(trainer, key):
     return {entry["step"]: entry[key] for entry in trainer.state.log_history if key in entry and "step" in entry}
 
 
+def saved_snapshot(checkpoint):
+    with open(os.path.join(checkpoint, "trainer_state.json")) as file:
+        stateful = json.load(file)["stateful_callbacks"]
+    return stateful[EntropyControlState.__name__]["attributes"]["snapshot"]
+
+
+def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values):
+    later = range(CHECKPOINT + 1, STEPS + 1)
+    losses = step_values(straight, "loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert len({losses[step] for step in later}) == len(later), "identical losses: the comparison would be weak"
+    resumed_losses, resumed_entropy = step_values(resumed, "loss"), step_values(resumed, "entropy")
+    for step in later:
+        assert resumed_losses[step] == pytest.approx(losses[step], rel=1e-5, abs=1e-7), step
+        assert resumed_entropy[step] == pytest.approx(step_values(straight, "entropy")[step], rel=1e-5), step
+    # The same samples (rewards are logged at the steps that generate).
+    rewards = {step: value for step, value in step_values(straight, "reward").items() if step in later}
+    assert rewards and {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
+    # The resumed run records only its own steps; it continues the controller trajectory.
+    assert len(straight_values) == STEPS and len(resumed_values) == STEPS - CHECKPOINT
+    if straight.controllers:
+        assert resumed_values == pytest.approx(straight_values[CHECKPOINT:], rel=1e-6, abs=1e-12)
+        for controller in straight.controllers.values():
+            for key in controller.metrics():  # the logged values, the measured targets included
+                for step in later:
+                    assert step_values(resumed, key)[step] == pytest.approx(
+                        step_values(straight, key)[step], rel=1e-6, abs=1e-12
+                    ), (key, step)
+    for (name, weight), resumed_weight in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
+    assert logged(resumed, "loss")[:CHECKPOINT] == logged(straight, "loss")[:CHECKPOINT]  # history restored
+
+
 @pytest.mark.parametrize("method, options", CASES, ids=IDS)
 def test_resumed_run_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
     straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
-    checkpoint = str(tmp_path / "straight" / f"checkpoint-{STEPS // 2}")
+    checkpoint = str(tmp_path / "straight" / f"checkpoint-{CHECKPOINT}")
     resumed, resumed_values = train(
         method, warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint, **options
     )
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
 
-    losses = step_values(straight, "loss")
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    assert len(set(losses.values())) == STEPS, "identical losses: the comparison would be weak"
-    resumed_losses = step_values(resumed, "loss")
-    for step in range(STEPS // 2 + 1, STEPS + 1):
-        assert resumed_losses[step] == pytest.approx(losses[step], rel=1e-5, abs=1e-7), step
-        assert step_values(resumed, "entropy")[step] == pytest.approx(step_values(straight, "entropy")[step], rel=1e-5)
-
-    # The same samples (rewards are logged at the steps that generate).
-    later = range(STEPS // 2 + 1, STEPS + 1)
-    rewards = {step: value for step, value in step_values(straight, "reward").items() if step in later}
-    assert rewards and {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
-
-    # The resumed run only records its own steps; it continues from the checkpointed controller value.
-    assert len(straight_values) == STEPS and len(resumed_values) == STEPS // 2
+    snapshot = saved_snapshot(checkpoint)
+    assert snapshot["trl_step"] == CHECKPOINT  # one micro-batch per step: the cycle's second pass is still to come
+    assert os.path.exists(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
     if straight.controllers:
-        assert resumed_values == pytest.approx(straight_values[STEPS // 2 :], rel=1e-6, abs=1e-12)
         (name,) = straight.controllers
-        with open(os.path.join(checkpoint, CONTROLLER_STATE_FILE)) as file:
-            saved = json.load(file)[name]
-        assert set(saved) == set(straight.controllers[name].state_dict())
-        assert len(set(straight_values)) > 1 or method == "repo_d", f"{method}'s controller never moved"
+        assert set(snapshot["controllers"][name]) == set(straight.controllers[name].state_dict())
+        assert snapshot["cycle_optimizer_steps"] == 1 and snapshot["cycle_statistics"]  # the partial cycle
+        assert len(set(straight_values)) > 1, f"{method}'s controller never moved"
     if options.get("use_adaptive_entropy"):
         assert step_values(resumed, "entropy_coef")[STEPS] == pytest.approx(
             step_values(straight, "entropy_coef")[STEPS]
         )
         assert resumed.entropy_coef == pytest.approx(straight.entropy_coef)
 
-    for (name, weight), resumed_weight in zip(
-        straight.model.named_parameters(), resumed.model.parameters(), strict=True
-    ):
-        torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
-    assert logged(resumed, "loss")[: STEPS // 2] == logged(straight, "loss")[: STEPS // 2]  # history restored
+
+class LocalHub:
+    """Stands in for the Hub: ``upload_folder`` copies what the folder holds at push time."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, repo_id, folder_path, path_in_repo=None, ignore_patterns=(), **kwargs):
+        target = os.path.join(self.root, repo_id, path_in_repo or "")
+        for directory, _, files in os.walk(folder_path):
+            for name in files:
+                relative = os.path.relpath(os.path.join(directory, name), folder_path)
+                if not any(fnmatch.fnmatch(relative, pattern) for pattern in ignore_patterns or ()):
+                    os.makedirs(os.path.dirname(os.path.join(target, relative)), exist_ok=True)
+                    shutil.copy(os.path.join(directory, name), os.path.join(target, relative))
+        done = Future()
+        done.set_result(None)
+        return done
+
+
+@pytest.fixture(scope="module")
+def pushed_run(warm_toy_policy_path, tmp_path_factory):
+    """A REPO-R run that pushes every checkpoint to a local stand-in for the Hub (hub_strategy="all_checkpoints")."""
+    root = tmp_path_factory.mktemp("pushed")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("transformers.trainer.hf_api", lambda: LocalHub(str(root / "hub")))
+        trainer, values = train(
+            "repo_r",
+            warm_toy_policy_path,
+            str(root / "run"),
+            push_to_hub=True,
+            hub_model_id="user/pushed",
+            hub_strategy="all_checkpoints",
+        )
+    return trainer, values, str(root / "hub" / "user" / "pushed" / f"checkpoint-{CHECKPOINT}")
+
+
+def test_pushed_checkpoint_carries_the_controller_state_and_resumes_exactly(
+    pushed_run, warm_toy_policy_path, tmp_path
+):
+    straight, straight_values, pushed = pushed_run
+    snapshot = saved_snapshot(pushed)  # what the Hub received
+    assert snapshot["controllers"]["repo"]["entropy_target"] is None  # mid-cycle: not measured yet
+    assert snapshot["controllers"]["repo"]["beta"] == straight_values[0]
+    assert os.path.exists(os.path.join(pushed, GENERATION_BATCH_FILE.format(process_index=0)))
+    resumed, resumed_values = train("repo_r", warm_toy_policy_path, str(tmp_path), resume_from=pushed)
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
+
+
+@pytest.mark.parametrize("missing", ["controller_state", "generation_batch"])
+def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, warm_toy_policy_path, tmp_path):
+    _, _, pushed = pushed_run
+    checkpoint = str(tmp_path / "checkpoint")
+    shutil.copytree(pushed, checkpoint)
+    if missing == "controller_state":
+        path = os.path.join(checkpoint, "trainer_state.json")
+        with open(path) as file:
+            state = json.load(file)
+        del state["stateful_callbacks"][EntropyControlState.__name__]
+        with open(path, "w") as file:
+            json.dump(state, file)
+        match = "holds no entropy-control state"
+    else:
+        os.remove(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
+        match = "saved inside a generation cycle"
+    with pytest.raises(ValueError, match=match):
+        train("repo_r", warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint)
