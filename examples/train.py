@@ -5,8 +5,8 @@ and a YAML key (`--config file.yaml`); the command line wins over the file. `--h
 first (`--method aent --help` for AEnt's).
 
 The default run needs no network: the built-in toy policy (a tiny model warm-started on arithmetic) on the toy task,
-on a CPU, with the toy recipe of `trl_entropy.methods.TOY_TRAINING_DEFAULTS` (400 steps, about a minute on an idle
-core). `examples/configs/<method>.yaml` holds each method's toy-scale settings (those of the entropy-collapse demo):
+on a CPU, with the toy recipe of `trl_entropy.methods.TOY_TRAINING_DEFAULTS` (400 steps; docs/demo.md gives the
+times). `examples/configs/<method>.yaml` holds each method's toy-scale settings (those of the entropy-collapse demo):
 
     python examples/train.py --method aent
     python examples/train.py --config examples/configs/aent.yaml

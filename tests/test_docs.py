@@ -1,4 +1,6 @@
-"""Every ```python block of README.md and docs/*.md runs, and the example YAML configs parse with the right classes.
+"""Every ```python block of README.md and docs/*.md runs, every `examples/train.py` command in them parses, the example
+YAML configs parse with the right classes, the install instructions match setup.py, links resolve, and the papers are
+cited by title and arXiv id (never by the file names of the project's own copies).
 
 Snippets run in this process (importing TRL once keeps the whole file fast), each in a fresh namespace with a fresh
 temporary working directory, in file order. The only thing patched is where `build_toy_policy` caches: a snippet that
@@ -6,8 +8,10 @@ calls it without a `cache_dir` gets the session's cache, the same weights it wou
 deterministic), without paying for the warm start every time.
 """
 
+import ast
 import importlib.util
 import re
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -102,7 +106,7 @@ def test_example_config_parses_with_its_method_config_class(path):
     values = yaml.safe_load(path.read_text())
     method = get_method(values["method"])
     argv = ["--config", str(path), "--output_dir", "unused"]
-    script_args, training_args, _ = train.build_parser(argv).parse_args_and_config(args=argv)
+    _, script_args, training_args, _ = train.parse_arguments(argv)
     assert script_args.method == values["method"]
     assert type(training_args) is method.config_class
     for name, value in values.items():
@@ -112,7 +116,8 @@ def test_example_config_parses_with_its_method_config_class(path):
         assert getattr(training_args, name) == values.get(name, value), name
 
 
-def test_clip_low_config_is_seed_003s_recipe():
+def test_clip_low_config_is_the_clip_low_recipe():
+    """Park et al., "Clip-Low Increases Entropy and Clip-High Decreases Entropy ...", arXiv:2509.26114."""
     values = yaml.safe_load((ROOT / "examples" / "configs" / "clip_low.yaml").read_text())
     assert values["method"] == "grpo"
     assert values["epsilon"] == 0.15
@@ -142,3 +147,145 @@ def test_accelerate_config_loads(name):
     if name == "fsdp2.yaml":
         assert config.fsdp_config["fsdp_version"] == 2
     assert sorted(path.name for path in (ROOT / "examples" / "accelerate").glob("*.yaml")) == sorted(ACCELERATE)
+
+
+BASH_FENCE = re.compile(r"^[ \t]*```bash[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def shell_commands(path: Path) -> list[list[str]]:
+    """The commands of the ```bash blocks of ``path``, continuation lines joined and comments dropped, as words."""
+    commands = []
+    for block in BASH_FENCE.findall(path.read_text()):
+        for line in textwrap.dedent(block).replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                commands.append(words)
+    return commands
+
+
+TRAIN_COMMANDS = [
+    pytest.param(words[words.index("examples/train.py") + 1 :], id=f"{path.relative_to(ROOT)}:{' '.join(words)[:60]}")
+    for path in DOCUMENTS
+    for words in shell_commands(path)
+    if "examples/train.py" in words
+]
+
+
+def test_train_commands_are_found(tmp_path):
+    path = tmp_path / "sample.md"
+    path.write_text(
+        "```bash\n# note\npython examples/train.py --method aent \\\n    --max_steps 5  # short\nls\n```\n"
+    )
+    assert shell_commands(path) == [["python", "examples/train.py", "--method", "aent", "--max_steps", "5"], ["ls"]]
+    assert len(TRAIN_COMMANDS) >= 5
+
+
+@pytest.mark.parametrize("arguments", TRAIN_COMMANDS)
+def test_train_command_in_the_docs_parses(arguments, monkeypatch):
+    """Each documented command line is accepted as written, from the repository root, on a machine with a bf16 GPU
+    (several commands are for one): every flag exists, every value has its type, every file it names is there."""
+    import transformers.training_args
+
+    train = load_train_module()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(train, "bf16_accelerator_available", lambda: True)
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    for word in arguments:
+        if word.startswith("examples/"):
+            assert (ROOT / word).exists(), word
+    if "--help" in arguments:
+        with pytest.raises(SystemExit) as exit_info:
+            train.parse_arguments(arguments)
+        assert exit_info.value.code == 0
+        return
+    _, script_args, training_args, model_args = train.parse_arguments(arguments)
+    assert type(training_args) is get_method(script_args.method).config_class
+
+
+def test_accelerate_commands_name_existing_configs():
+    commands = [words for path in DOCUMENTS for words in shell_commands(path) if words[:2] == ["accelerate", "launch"]]
+    assert commands
+    for words in commands:
+        if "--config_file" in words:
+            assert (ROOT / words[words.index("--config_file") + 1]).is_file(), words
+
+
+def setup_extras() -> dict[str, list[str]]:
+    """setup.py's extras_require, read from its source (the literal dict)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no extras_require")
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+
+
+def test_readme_extras_table_matches_setup_py():
+    readme = (ROOT / "README.md").read_text()
+    table_text = readme[readme.index("| extra | installs | for |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| [^|]+ \|$", table_text, re.MULTILINE)
+    table = {extra: sorted(name.strip() for name in installs.split(",")) for extra, installs in rows}
+    assert table == {extra: sorted(map(requirement_name, packages)) for extra, packages in setup_extras().items()}
+
+
+def test_readme_ci_install_block():
+    """The block CI runs installs the tested PyTorch pin and an extra setup.py declares."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("<!-- ci:install -->") :].split("```")[1]
+    lines = block.strip().splitlines()[1:]  # after the "bash" tag
+    assert lines[0] == "pip install torch==2.13.0"
+    extra = re.fullmatch(r'pip install -e "\.\[(\w+)\]"', lines[1]).group(1)
+    assert extra in setup_extras()
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_relative_links_resolve(path):
+    for target in MARKDOWN_LINK.findall(path.read_text()):
+        if not re.match(r"\w+://", target):
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+# The references table of the project's specification: the papers, by arXiv id.
+ARXIV_IDS = ["2509.03493", "2505.22617", "2603.11682", "2509.26114"]
+
+
+def test_references_page_cites_every_paper_and_is_linked():
+    references = (ROOT / "docs" / "references.md").read_text()
+    for arxiv_id in ARXIV_IDS:
+        assert f"[arXiv:{arxiv_id}](https://arxiv.org/abs/{arxiv_id})" in references
+    assert "](docs/references.md)" in (ROOT / "README.md").read_text()
+    assert "](references.md)" in (ROOT / "docs" / "README.md").read_text()
+
+
+SEED_CITATION = re.compile(r"seed 00\d", re.IGNORECASE)
+CITATION_SCAN = ["README.md", "docs", "trl_entropy", "kernels", "examples", "benchmarks"]
+
+
+def seed_citations() -> list[str]:
+    """`file:line: text` for every "seed 00N" (the file names of the project's copies of the papers)."""
+    found = []
+    for name in CITATION_SCAN:
+        root = ROOT / name
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:  # images
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                if SEED_CITATION.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_papers_are_cited_by_title_and_arxiv_id_not_seed_file():
+    assert SEED_CITATION.search("(Seed 003, §2)") and not SEED_CITATION.search("seed 0 and seed 1")
+    found = seed_citations()
+    assert not found, "cite the title and arXiv id (docs/references.md) instead of:\n" + "\n".join(found)
