@@ -100,10 +100,6 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         raise ValueError(reason)
     previous_forward = model.forward
     logit_scale, final_logit_softcapping = logit_transform(model.config.get_text_config())
-    # TEMPORARY until the kernel takes these arguments (lead removes this before the end of the session).
-    transform = {}
-    if logit_scale != 1.0 or final_logit_softcapping is not None:
-        transform = {"logit_scale": logit_scale, "final_logit_softcapping": final_logit_softcapping}
 
     @functools.wraps(type(model).forward)  # `generate` validates its kwargs against this signature
     def forward(self, *args, entropy_head: EntropyHeadRequest | None = None, **kwargs):
@@ -144,7 +140,8 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
             compute_dtype = torch.get_autocast_dtype(device)
         else:
             compute_dtype = weight.dtype
-        # Under ZeRO-3 the head's own gather hook never fires (the module is not called): gather its parameters here.
+        # Under ZeRO-3 the head's own gather hook never fires (the module is not called): gather its parameters here,
+        # before a dtype conversion would copy the empty partition (the kernel gathers again in its backward).
         with torch.autocast(device, enabled=False), maybe_gather_lm_head_ctx(weight, bias):
             per_token = chunked_logprob_entropy(
                 hidden_states[mask].to(compute_dtype),
@@ -155,7 +152,8 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
                 clamp_fraction=entropy_head.clamp_fraction,
                 chunk_size=entropy_head.chunk_size,
                 backend=entropy_head.backend,
-                **transform,
+                logit_scale=logit_scale,
+                final_logit_softcapping=final_logit_softcapping,
             )
         # `masked_scatter` keeps an all-masked micro-batch connected to the graph (a differentiable zero).
         log_probs, entropy, clamped_entropy = (
