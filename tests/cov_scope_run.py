@@ -3,14 +3,16 @@
     python tests/cov_scope_run.py --model DIR/toy --out DIR/one --per-device-batch-size 8
     python tests/cov_scope_run.py --model DIR/toy --out DIR/accumulated --per-device-batch-size 4 \
         --gradient-accumulation-steps 2
-    accelerate launch --cpu --num_processes 2 tests/cov_scope_run.py --model DIR/toy --out DIR/two \
-        --per-device-batch-size 4
+    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 tests/cov_scope_run.py --model DIR/toy \
+        --out DIR/two --per-device-batch-size 4
     python tests/cov_scope_run.py --model DIR/toy --compare DIR/one DIR/accumulated DIR/two
 
-Each layout holds 8 completions per generation batch. Completions come from ``distributed_run.deterministic_rollout``,
-so every layout sees the same completions. Every rank writes ``<method>_<scope>_rank<k>.pt`` with the record of
-:func:`train_recording`; ``--compare`` prints, for each method and scope, how far each layout's final weights lie
-from the first layout's (relative to the update, :func:`update_difference`) and whether it selected the same tokens.
+Each layout holds 8 completions per generation batch. (``--multi_gpu`` only selects torchrun's launcher: without CUDA
+each process uses the CPU and gloo; ``--cpu`` would start a single process.) Completions come from
+``distributed_run.deterministic_rollout``, so every layout sees the same completions. Every rank writes
+``<method>_<scope>_rank<k>.pt`` with the record of :func:`train_recording`; ``--compare`` prints, for each method and
+scope, how far each layout's final weights lie from the first layout's (relative to the update,
+:func:`update_difference`) and whether it selected the same tokens.
 A missing ``--model`` folder is filled with the warm-started toy policy first (by a one-process run).
 tests/test_cov.py imports :func:`train_recording`, :func:`load_records` and :func:`update_difference`.
 
@@ -44,7 +46,7 @@ def train_recording(method: str, model: str, output_dir: str, scope: str, **over
     ``selection``: per generation batch, this rank's rows in order, each ``(valid completion token ids, selected
     positions among them)`` (empty under the micro-batch scope, which selects in the loss); ``weights``: the final
     parameters, flat, float64; ``initial_weights``: the same before training; ``fraction`` and ``loss``: logged per
-    step; ``num_processes``.
+    step; ``num_processes``; ``layout``: processes × micro-batch × accumulation, in words.
     """
     options = {**TRAINING, **METHOD_OPTIONS[method], **overrides}
     trainer = make_trainer(method, model, output_dir, cov_selection_scope=scope, **options)
@@ -73,6 +75,8 @@ def train_recording(method: str, model: str, output_dir: str, scope: str, **over
         "fraction": logged(trainer, FRACTION[method]),
         "loss": logged(trainer, "loss"),
         "num_processes": trainer.accelerator.num_processes,
+        "layout": f"{trainer.accelerator.num_processes} × {trainer.args.per_device_train_batch_size} × "
+        f"{trainer.args.gradient_accumulation_steps}",
     }
 
 
@@ -97,7 +101,9 @@ def update_difference(record: dict, other: dict) -> float:
 
 
 def compare(folders: list[str]) -> None:
-    print("| method | scope | layout | weights apart (relative to the update) | same selected tokens |")
+    print(
+        "| method | scope | layouts (processes × micro-batch × accumulation) | weights apart | same tokens selected |"
+    )
     print("|---|---|---|---|---|")
     for method in METHODS:
         for scope in COV_SELECTION_SCOPES:
@@ -109,7 +115,7 @@ def compare(folders: list[str]) -> None:
                     if scope == "micro_batch"
                     else other["selection"] == first["selection"]
                 )
-                layout = f"{os.path.basename(folder)} vs {os.path.basename(folders[0])}"
+                layout = f"{other['layout']} vs {first['layout']}"
                 print(f"| {method} | {scope} | {layout} | {update_difference(first, other):.1e} | {same} |")
 
 
