@@ -1,14 +1,19 @@
 """A short toy training run of one or more trainers, written for ``accelerate launch`` and for a plain process.
 
-    accelerate launch --cpu --num_processes 2 tests/distributed_run.py --model PATH --out DIR --methods aent,adapo
+    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --model PATH --out DIR --methods aent,adapo
+    accelerate launch --config_file tests/zero3_cpu.yaml tests/distributed_run.py --model PATH --out DIR --methods aent
+    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --fsdp2 --model PATH --out DIR --methods aent
     python tests/distributed_run.py --model PATH --out DIR --methods aent,adapo --per-device-batch-size 8
     python tests/distributed_run.py --model DIR/toy --out DIR --methods all --vllm colocate --steps 5   # GPU + vLLM
 
-Completions come from :func:`deterministic_rollout` (TRL's ``rollout_func`` hook), a fixed function of the prompt and
-of its copy index inside the group, so a run on two processes and a run on one process with the same global batch see
-the same completions and rewards; everything downstream (scoring, advantages, loss, gradient all-reduce, controller
-statistics and updates) is the trainers' own. Every rank writes ``<method>_rank<k>.json``: per optimizer step the
-controller value it holds, and the logged loss and entropy, plus a checksum and the first values of its final weights.
+(On the CPU: ``CUDA_VISIBLE_DEVICES=""``, and ``DS_ACCELERATOR=cpu`` for DeepSpeed; docs/distributed.md has the full
+commands.) Completions come from :func:`deterministic_rollout` (TRL's ``rollout_func`` hook), a fixed function of the
+prompt and of its copy index inside the group, so a run on two processes and a run on one process with the same global
+batch see the same completions and rewards; everything downstream (scoring, advantages, loss, gradient reduction,
+controller statistics and updates) is the trainers' own. ``--methods`` takes the registry's names and ``trl`` for
+``trl.GRPOTrainer`` itself. Every rank writes ``<method>_rank<k>.json`` (per optimizer step the controller value it
+holds, the logged loss and entropy; how the model was sharded, read inside the run) and ``<method>_rank<k>.pt`` (the
+full final weights, gathered from the shards).
 
 The tests import :func:`deterministic_rollout`, :func:`make_trainer` and :class:`ControllerRecorder` from here too.
 """
@@ -70,9 +75,10 @@ deterministic_rollout = make_rollout()
 
 def controller_value(trainer) -> float | None:
     """The single controller's value (AEnt λ, REPO β, ADAPO ε_high), or None for a method without a controller."""
-    if not trainer.controllers:
+    controllers = getattr(trainer, "controllers", None)  # trl.GRPOTrainer has none
+    if not controllers:
         return None
-    (controller,) = trainer.controllers.values()
+    (controller,) = controllers.values()
     return float(controller.value)
 
 
@@ -87,8 +93,26 @@ class ControllerRecorder(TrainerCallback):
         self.values.append(controller_value(self.trainer))
 
 
+# `--methods` name of `trl.GRPOTrainer` itself, the reference for the base with control off ("grpo").
+TRL_REFERENCE = "trl"
+
+
+def trainer_classes(method: str) -> tuple[type, type]:
+    """``(config_class, trainer_class)`` of a registered method, or of ``trl.GRPOTrainer`` for ``"trl"``."""
+    if method == TRL_REFERENCE:
+        from trl import GRPOConfig, GRPOTrainer
+
+        return GRPOConfig, GRPOTrainer
+    from trl_entropy.methods import get_method
+
+    spec = get_method(method)
+    return spec.config_class, spec.trainer_class
+
+
 def method_options(method: str) -> dict:
     """Config options that make the controller move visibly within a few toy steps."""
+    if method == TRL_REFERENCE:
+        return {}
     from trl_entropy.methods import get_method
 
     options = dict(get_method(method).defaults)
@@ -112,15 +136,15 @@ def make_trainer(
     trainer_kwargs=None,
     **overrides,
 ):
-    """A trainer of the registered ``method`` on the toy task (fp32, CPU, no reporting).
+    """A trainer of the registered ``method`` (or ``"trl"``: ``trl.GRPOTrainer``) on the toy task (fp32, CPU, no
+    reporting).
 
     ``overrides`` are config fields; ``trainer_kwargs`` go to the trainer (``peft_config``, ...). ``rollout=None``
     samples completions from the policy as usual.
     """
-    from trl_entropy.methods import get_method
     from trl_entropy.toy import build_toy_dataset, toy_reward
 
-    spec = get_method(method)
+    config_class, trainer_class = trainer_classes(method)
     options = dict(
         output_dir=output_dir,
         per_device_train_batch_size=8,
@@ -137,8 +161,8 @@ def make_trainer(
     )
     options.update(method_options(method))
     options.update(overrides)
-    args = spec.config_class(**options)
-    return spec.trainer_class(
+    args = config_class(**options)
+    return trainer_class(
         model=model,
         reward_funcs=toy_reward,
         args=args,
@@ -177,17 +201,151 @@ def save_vllm_toy_policy(path: str) -> None:
     tokenizer.save_pretrained(path)
 
 
-def run(method: str, model: str, out: str, per_device_batch_size: int, steps: int, vllm_mode: str | None = None):
+# ---------------------------------------------------------------------------------------------------------------------
+# Sharded runs (DeepSpeed ZeRO-3 through accelerate, FSDP2 applied here), each checked from inside the run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def fully_shard_model(path: str):
+    """The policy at ``path`` sharded with FSDP2 over all processes: each decoder layer, the LM head as its own unit,
+    then the root. With tied embeddings the head's unit holds the input embedding too (a parameter belongs to one unit).
+
+    accelerate on the CPU turns an FSDP config into plain DDP (``MULTI_CPU``), so the sharding is applied here, and the
+    model is marked as prepared: accelerate then leaves it as it is (its DDP wrapper rejects DTensor parameters).
+    """
+    from accelerate import PartialState
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    mesh = init_device_mesh("cpu", (PartialState(cpu=True).num_processes,))  # starts the process group (gloo)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    head = model.get_output_embeddings()
+    fully_shard([model.get_input_embeddings(), head] if model.config.tie_word_embeddings else head, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model._is_accelerate_prepared = True
+    return model
+
+
+def describe_parameter(parameter) -> dict:
+    """How this rank holds a parameter: a plain tensor, an FSDP2 DTensor shard, or a DeepSpeed ZeRO-3 partition."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(parameter, DTensor):
+        return {
+            "kind": "dtensor",
+            "placements": [str(placement) for placement in parameter.placements],
+            "mesh_size": parameter.device_mesh.size(),
+            "numel": parameter.numel(),
+            "local_numel": parameter.to_local().numel(),
+        }
+    if hasattr(parameter, "ds_id"):
+        return {
+            "kind": "zero3",
+            "status": parameter.ds_status.name,
+            "numel": parameter.ds_numel,
+            "local_numel": parameter.numel(),  # 0 while partitioned
+            "partition_numel": parameter.ds_tensor.numel(),
+        }
+    return {"kind": "tensor", "numel": parameter.numel(), "local_numel": parameter.numel()}
+
+
+def head_weight(model):
+    """The LM-head weight, read without side effects: inside a forward, DeepSpeed ZeRO-3 gathers a partitioned
+    parameter on attribute access (``module.weight``), but not when it is listed."""
+    return dict(model.get_output_embeddings().named_parameters(recurse=False))["weight"]
+
+
+def record_head_weight_reads(model) -> list[dict]:
+    """Describes the LM-head weight each time the backbone's forward returns: what the entropy head finds when it
+    reads it, inside the root module's forward (after the root's own gather, without the head module's)."""
+    reads = []
+
+    def record(module, args, output):
+        reads.append(describe_parameter(head_weight(model)))
+
+    model.get_decoder().register_forward_hook(record)
+    return reads
+
+
+def sharding_record(trainer) -> dict:
+    """What ran, read from the trainer after training: the distributed type, the ZeRO stage, which parameters are
+    sharded on this rank, and whether the head's weight is still the input embedding's."""
+    state = trainer.accelerator.state
+    model = trainer.model
+    described = {name: describe_parameter(p) for name, p in model.named_parameters()}
+    return {
+        "distributed_type": str(state.distributed_type.value),
+        "zero_stage": state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None,
+        "parameters": len(described),
+        "sharded_parameters": sorted(
+            name
+            for name, info in described.items()
+            if info["kind"] != "tensor" and info["local_numel"] < info["numel"]
+        ),
+        "lm_head": describe_parameter(head_weight(model)),
+        "tied": head_weight(model) is dict(model.get_input_embeddings().named_parameters())["weight"],
+    }
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """Every parameter, whole, in float64 (a collective under sharding: every rank makes the call)."""
+    from torch.distributed.tensor import DTensor
+
+    named = dict(model.named_parameters())
+    if any(hasattr(p, "ds_id") for p in named.values()):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(named.values())):
+            return {name: p.detach().double().clone() for name, p in named.items()}
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().double().clone() for name, p in named.items()
+    }
+
+
+def save_untied_copy(path: str, target: str) -> None:
+    """Save the policy at ``path`` with its LM head untied from the input embedding (a copy of it, trained apart)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tied = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(path, tie_word_embeddings=False)
+    untied = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = tied.state_dict()
+    state["lm_head.weight"] = tied.get_input_embeddings().weight.detach().clone()
+    untied.load_state_dict(state)
+    untied.save_pretrained(target)
+    AutoTokenizer.from_pretrained(path).save_pretrained(target)
+
+
+def run(
+    method: str,
+    model: str,
+    out: str,
+    per_device_batch_size: int,
+    steps: int,
+    vllm_mode: str | None = None,
+    fsdp2: bool = False,
+):
+    from accelerate.utils import parse_flag_from_env
+
     overrides = dict(per_device_train_batch_size=per_device_batch_size, max_steps=steps)
     if vllm_mode is not None:
         overrides.update(VLLM_OPTIONS, vllm_mode=vllm_mode)
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        # accelerate drops DeepSpeed under `use_cpu`; without it and without a GPU, only a named backend starts the
+        # process group. DS_ACCELERATOR=cpu keeps DeepSpeed on the CPU.
+        overrides.update(use_cpu=False, ddp_backend="gloo")
+    if fsdp2:
+        model = fully_shard_model(model)
     trainer = make_trainer(method, model, os.path.join(out, method), **overrides)
     recorder = ControllerRecorder()
     recorder.trainer = trainer
     trainer.add_callback(recorder)
+    head_weight_reads = record_head_weight_reads(trainer.model)
     trainer.train()
     rank = trainer.accelerator.process_index
-    weights = torch.cat([p.detach().flatten().double() for p in trainer.model.parameters()])
     record = {
         "method": method,
         "num_processes": trainer.accelerator.num_processes,
@@ -196,13 +354,15 @@ def run(method: str, model: str, out: str, per_device_batch_size: int, steps: in
         "loss": logged(trainer, "loss"),
         "entropy": logged(trainer, "entropy"),
         "reward": logged(trainer, "reward"),
-        "weights_sum": weights.sum().item(),
-        "weights_abs_sum": weights.abs().sum().item(),
-        "weights_head": weights[:64].tolist(),
+        "sharding": sharding_record(trainer),
+        "head_weight_reads": head_weight_reads,
     }
     if vllm_mode is not None:
         record.update({key: logged(trainer, key) for key in VLLM_METRICS})
         record["train_runtime"] = trainer.state.log_history[-1].get("train_runtime")
+    weights = full_weights(trainer.model)
+    os.makedirs(out, exist_ok=True)
+    torch.save(weights, os.path.join(out, f"{method}_rank{rank}.pt"))
     with open(os.path.join(out, f"{method}_rank{rank}.json"), "w") as file:
         json.dump(record, file)
     trainer.accelerator.wait_for_everyone()
@@ -212,10 +372,17 @@ def main(argv=None) -> None:
     from trl_entropy.methods import METHODS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="path of a saved toy policy")
+    parser.add_argument(
+        "--model",
+        required=True,
+        nargs="+",
+        help="path of a saved toy policy; with several, each one's records go to a sub-folder of --out named after it",
+    )
     parser.add_argument("--out", required=True, help="folder for the per-rank records")
     parser.add_argument(
-        "--methods", default=",".join(ADAPTIVE_METHODS), help="comma-separated registry names, or 'all'"
+        "--methods",
+        default=",".join(ADAPTIVE_METHODS),
+        help=f"comma-separated registry names and {TRL_REFERENCE!r} (trl.GRPOTrainer), or 'all' (the registry)",
     )
     parser.add_argument("--per-device-batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
@@ -226,14 +393,23 @@ def main(argv=None) -> None:
         help="GPU smoke test: generate with vLLM in this mode (sampled completions, bf16 on CUDA). A missing --model "
         "folder is filled with a vLLM-friendly toy policy first.",
     )
+    parser.add_argument(
+        "--fsdp2",
+        action="store_true",
+        help="shard the policy with FSDP2 (each decoder layer, the LM head as its own unit, the root) before training",
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    os.makedirs(options.out, exist_ok=True)
-    if options.vllm is not None and not os.path.exists(os.path.join(options.model, "config.json")):
-        save_vllm_toy_policy(options.model)
     methods = sorted(METHODS) if options.methods == "all" else options.methods.split(",")
-    for method in methods:
-        run(method, options.model, options.out, options.per_device_batch_size, options.steps, options.vllm)
+    for model in options.model:
+        out = (
+            options.out if len(options.model) == 1 else os.path.join(options.out, os.path.basename(model.rstrip("/")))
+        )
+        os.makedirs(out, exist_ok=True)
+        if options.vllm is not None and not os.path.exists(os.path.join(model, "config.json")):
+            save_vllm_toy_policy(model)
+        for method in methods:
+            run(method, model, out, options.per_device_batch_size, options.steps, options.vllm, options.fsdp2)
 
 
 if __name__ == "__main__":
