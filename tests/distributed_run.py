@@ -1,8 +1,9 @@
 """A short toy training run of one or more trainers, written for ``accelerate launch`` and for a plain process.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --model PATH --out DIR --methods aent,adapo
-    accelerate launch --config_file tests/zero3_cpu.yaml tests/distributed_run.py --model PATH --out DIR --methods aent
-    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --fsdp2 --model PATH --out DIR --methods aent
+    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --model PATH --out DIR --methods aent
+    accelerate launch --use_deepspeed --deepspeed_config_file tests/zero3_cpu.json --num_processes 2 \
+        tests/distributed_run.py --model PATH --out DIR --methods aent,grpo
+    accelerate launch --multi_gpu --num_processes 2 tests/distributed_run.py --fsdp2 --model PATH --out DIR
     python tests/distributed_run.py --model PATH --out DIR --methods aent,adapo --per-device-batch-size 8
     python tests/distributed_run.py --model DIR/toy --out DIR --methods all --vllm colocate --steps 5   # GPU + vLLM
 
@@ -208,7 +209,7 @@ def save_vllm_toy_policy(path: str) -> None:
 
 def fully_shard_model(path: str):
     """The policy at ``path`` sharded with FSDP2 over all processes: each decoder layer, the LM head as its own unit,
-    then the root. With tied embeddings the head's unit holds the input embedding too (a parameter belongs to one unit).
+    then the root. With tied embeddings the head's unit holds the input embedding too (a parameter has one unit).
 
     accelerate on the CPU turns an FSDP config into plain DDP (``MULTI_CPU``), so the sharding is applied here, and the
     model is marked as prepared: accelerate then leaves it as it is (its DDP wrapper rejects DTensor parameters).
