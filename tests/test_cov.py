@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_grpo_batch, naive_log_probs
-from cov_scope_run import FRACTION, METHODS, load_records, train_recording, update_difference
+from cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
 from distributed_run import make_trainer
 from test_distributed import free_port
 from transformers import AutoModelForCausalLM
@@ -1100,7 +1100,9 @@ def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_pat
         return trainer
 
     straight = train("straight")
-    resumed = train("resumed", resume=str(tmp_path / "straight" / f"checkpoint-{checkpoint}"))
+    folder = tmp_path / "straight" / f"checkpoint-{checkpoint}"
+    assert not (folder / CLIP_COV_GENERATOR_FILE.format(process_index=0)).exists()  # no random state to restore
+    resumed = train("resumed", resume=str(folder))
     later = range(checkpoint + 1, 5)
     for key in ("loss", FRACTION[method]):
         values = {entry["step"]: entry[key] for entry in straight.state.log_history if key in entry}
@@ -1113,3 +1115,31 @@ def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_pat
         straight.model.named_parameters(), resumed.model.parameters(), strict=True
     ):
         torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_generation_scope_evaluation_selects_over_the_evaluation_batch(warm_toy_policy_path, tmp_path, method):
+    """``evaluate()``: each evaluation batch is a generation batch; its selection reaches the evaluation loss, whose
+    logged fraction is that batch's selected fraction (on-policy, no clip is active)."""
+    trainer = make_trainer(
+        method,
+        warm_toy_policy_path,
+        str(tmp_path / "run"),
+        cov_selection_scope="generation_batch",
+        per_device_eval_batch_size=8,
+        trainer_kwargs={"eval_dataset": build_toy_dataset(2, seed=1)},  # 2 prompts × 4 completions
+        **METHOD_OPTIONS[method],
+    )
+    selections = []
+    generate = trainer._generate_and_score_completions
+
+    def generate_and_record(inputs):
+        output = generate(inputs)
+        selections.append((output[COV_SELECTION_KEY], output["completion_mask"]))
+        return output
+
+    trainer._generate_and_score_completions = generate_and_record
+    metrics = trainer.evaluate()
+    ((selected, mask),) = selections  # one evaluation batch of 8
+    assert 0 < selected.sum() < mask.sum()
+    assert metrics[f"eval_{FRACTION[method]}"] == pytest.approx((selected.sum() / mask.sum()).item(), rel=1e-6)

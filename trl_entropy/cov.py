@@ -445,8 +445,9 @@ class ClipCovTrainer(CovSelectionTrainer):
     state is saved in every checkpoint (``clip_cov_generator_<rank>.pt``) and restored by ``resume_from_checkpoint``.
 
     ``cov_selection_scope="generation_batch"``: the draw over a training generation batch uses a generator seeded with
-    :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume.
-    Evaluation draws from its own generator seeded with ``args.seed`` (the same on every rank). In the loss, a drawn
+    :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume
+    (so checkpoints hold no generator state). Evaluation draws from its own generator seeded with ``args.seed`` (the
+    same on every rank). In the loss, a drawn
     token whose clip is active at that step is left as it is (its policy gradient is already zero).
     """
 
@@ -489,6 +490,8 @@ class ClipCovTrainer(CovSelectionTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        if self.args.cov_selection_scope != "micro_batch":  # the generation-batch draws are seeded by the step
+            return
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, CLIP_COV_GENERATOR_FILE.format(process_index=self.accelerator.process_index))
@@ -496,7 +499,7 @@ class ClipCovTrainer(CovSelectionTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
+        if checkpoint is None or self.args.cov_selection_scope != "micro_batch":
             return
         path = os.path.join(checkpoint, CLIP_COV_GENERATOR_FILE.format(process_index=self.accelerator.process_index))
         if not os.path.exists(path):
