@@ -356,8 +356,8 @@ class CovSelectionTrainer(EntropyGRPOTrainer):
     config_class = CovSelectionConfig
     _carried_selection: torch.Tensor | None = None
 
-    def select_tokens(self, cov: torch.Tensor, mask: torch.Tensor, clip_active: torch.Tensor, mode: str):
-        """The method's selection over ``cov`` (bool, shaped like ``cov``); ``clip_active`` where the clip binds."""
+    def select_tokens(self, cov: torch.Tensor, mask: torch.Tensor, clip_active: torch.Tensor | None, mode: str):
+        """The method's selection over ``cov`` (bool, shaped like ``cov``); ``clip_active``: where the clip binds."""
         raise NotImplementedError
 
     def _generate_and_score_completions(self, inputs):
@@ -447,8 +447,8 @@ class ClipCovTrainer(CovSelectionTrainer):
     ``cov_selection_scope="generation_batch"``: the draw over a training generation batch uses a generator seeded with
     :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume
     (so checkpoints hold no generator state). Evaluation draws from its own generator seeded with ``args.seed`` (the
-    same on every rank). In the loss, a drawn
-    token whose clip is active at that step is left as it is (its policy gradient is already zero).
+    same on every rank). In the loss, a drawn token whose clip is active at that step is left as it is (its policy
+    gradient is already zero): the draw is made before any ratio is known, where every ratio is 1.
     """
 
     config_class = ClipCovConfig
