@@ -276,6 +276,10 @@ def build_parser(argv: list[str]) -> TrainParser:
     if not isinstance(method_name, str) or method_name not in METHODS:
         usage_error(f"argument --method: unknown method {method_name!r}{source}; choose one of {', '.join(METHODS)}")
     parser = TrainParser(method_name, config_file)
+    # TRL's own message for this one names a parser argument; say which keys the chosen method lacks instead.
+    foreign = sorted(set(from_yaml) - {action.dest for action in parser._actions} - {"env"})
+    if foreign:
+        parser.error(f"argument --config: {config_file} sets {', '.join(foreign)}, which --method {method_name} lacks")
     defaults = dict(METHODS[method_name].defaults)
     if option_value(argv, "model_name_or_path") is None and "model_name_or_path" not in from_yaml:
         defaults.update(TOY_TRAINING_DEFAULTS)

@@ -131,8 +131,8 @@ def test_train_use_peft_trains_a_lora_adapter(toy_cache, tmp_path):
 
 
 METHOD_NAMES = "grpo, entreg, aent, clip_cov, kl_cov, repo_r, repo_d, adapo"
-# (command line, what stderr says). `{tmp}` is a fresh folder holding `list.yaml` (a YAML list) and `ppo.yaml`
-# (`method: ppo`); `{model}` is a saved toy model.
+# (command line, what stderr says). `{tmp}` is a fresh folder holding `list.yaml` (a YAML list), `ppo.yaml`
+# (`method: ppo`) and `aent.yaml` (an AEnt setting); `{model}` is a saved toy model.
 CLI_ERRORS = {
     "unknown method": (["--method", "ppo"], f"argument --method: unknown method 'ppo'; choose one of {METHOD_NAMES}"),
     "unknown method in the YAML": (
@@ -143,6 +143,10 @@ CLI_ERRORS = {
     "config not a mapping": (
         ["--config", "{tmp}/list.yaml"],
         "argument --config: {tmp}/list.yaml must hold option names and values (a YAML mapping)",
+    ),
+    "YAML key of another method": (
+        ["--config", "{tmp}/aent.yaml", "--method", "grpo"],
+        "argument --config: {tmp}/aent.yaml sets aent_coef_lr, which --method grpo lacks",
     ),
     "unknown option": (["--method", "aent", "--aent_coef", "1"], "unrecognized arguments: --aent_coef 1"),
     "bad config value": (["--method", "aent", "--aent_clamp_fraction", "1.5"], "aent_clamp_fraction"),
@@ -176,6 +180,7 @@ def fill(arguments: list[str], tmp_path: Path, model: str) -> list[str]:
 def error_case_folder(tmp_path):
     (tmp_path / "list.yaml").write_text("- method\n- aent\n")
     (tmp_path / "ppo.yaml").write_text("method: ppo\n")
+    (tmp_path / "aent.yaml").write_text("method: aent\naent_coef_lr: 1.0\n")
     return tmp_path
 
 
