@@ -60,11 +60,14 @@ KNOWN_UPSTREAM_WARNINGS = [(FutureWarning, r"`(is_)?gradient_checkpointing\w*` i
 KNOWN_UPSTREAM_LOG = ("DeepSpeed", "Setting accelerator to CPU")
 
 
+def is_not_known_upstream_log(record: logging.LogRecord) -> bool:
+    return not (record.name == KNOWN_UPSTREAM_LOG[0] and record.getMessage().startswith(KNOWN_UPSTREAM_LOG[1]))
+
+
 def hide_known_upstream_noise() -> None:
     for category, message in KNOWN_UPSTREAM_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    logger_name, prefix = KNOWN_UPSTREAM_LOG
-    logging.getLogger(logger_name).addFilter(lambda record: not record.getMessage().startswith(prefix))
+    logging.getLogger(KNOWN_UPSTREAM_LOG[0]).addFilter(is_not_known_upstream_log)  # added once however often called
 
 
 @dataclass
