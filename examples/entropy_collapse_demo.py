@@ -467,10 +467,17 @@ def phase2_columns(num_seeds: int) -> list[tuple[str, object]]:
     return columns
 
 
-def format_table(summaries: dict[str, dict], columns: list[tuple[str, object]]) -> str:
+def _table(summaries: dict[str, dict], columns: list[tuple[str, object]], suffix: str) -> list[list[str]]:
+    """Header and rows; a run is named with ``suffix`` appended (phase 2 of run "grpo" is "grpo→B")."""
+    headers = ["run" + suffix] + [title for title, _ in columns]
+    return [headers] + [
+        [name + suffix] + [cell(summary) for _, cell in columns] for name, summary in summaries.items()
+    ]
+
+
+def format_table(summaries: dict[str, dict], columns: list[tuple[str, object]], suffix: str = "") -> str:
     """The summaries as an aligned text table."""
-    headers = ["run"] + [title for title, _ in columns]
-    rows = [[name] + [cell(summary) for _, cell in columns] for name, summary in summaries.items()]
+    headers, *rows = _table(summaries, columns, suffix)
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
     lines = [
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -480,15 +487,11 @@ def format_table(summaries: dict[str, dict], columns: list[tuple[str, object]]) 
     return "\n".join(lines)
 
 
-def format_markdown_table(summaries: dict[str, dict], columns: list[tuple[str, object]]) -> str:
+def format_markdown_table(summaries: dict[str, dict], columns: list[tuple[str, object]], suffix: str = "") -> str:
     """The summaries as a Markdown table."""
-    headers = ["run"] + [title for title, _ in columns]
+    headers, *rows = _table(summaries, columns, suffix)
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    lines += [
-        "| " + " | ".join([name] + [cell(summary) for _, cell in columns]) + " |"
-        for name, summary in summaries.items()
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -563,10 +566,11 @@ def plot(
     path: str,
     window: int,
     title: str = "",
-) -> None:
+) -> list[str]:
     """Top row, phase 1 on task A: entropy (log scale), training reward, held-out pass@k against k. Bottom row,
     phase 2 (plain GRPO on task B from each phase-1 policy): entropy, training reward, and held-out task-B pass@1
-    before and after. Curves are moving averages over ``window`` optimizer steps (means over seeds)."""
+    before and after. Curves are moving averages over ``window`` optimizer steps (means over seeds). Returns the
+    panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -639,7 +643,9 @@ def plot(
     figure.tight_layout()
     figure.subplots_adjust(wspace=0.28, hspace=0.32)
     figure.savefig(path, dpi=100, bbox_inches="tight")
+    titles = [axis.get_title() for axis in figure.axes]
     plt.close(figure)
+    return titles
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -752,7 +758,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
     columns = phase1_columns(demo.num_samples)
     tables = [format_markdown_table(summaries, columns)]
     if demo.phase2_steps:
-        tables.append(format_markdown_table(summaries, phase2_columns(len(seeds))))
+        tables.append(format_markdown_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
     with open(os.path.join(demo.output_dir, "history.json"), "w") as file:
         json.dump(
             {
@@ -796,7 +802,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
     print(format_table(summaries, columns))
     if demo.phase2_steps:
         print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {initial_b:.3f}")
-        print(format_table(summaries, phase2_columns(len(seeds))))
+        print(format_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
     print(f"\nCurves: {png}")
     print(f"Total: {total_time:.0f} s wall, {total_cpu:.0f} s of CPU time over {demo.workers} worker(s)")
     if any(not math.isfinite(summary["final_entropy"]) for summary in summaries.values()):

@@ -284,3 +284,58 @@ def test_entropy_law_callback_logs_once_well_posed(
         assert entry["entropy/law_b"] == pytest.approx(intercept, rel=1e-6)
         assert entry["entropy/predicted_ceiling"] == pytest.approx(intercept + slope, rel=1e-6)
     assert isinstance(fit_entropy_law(entropy, reward), EntropyLaw)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The demo reports them
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_demo_reports_pass_at_k_the_law_and_phase_2(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import transformers
+    import trl
+    from conftest import TOY_CACHE
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "entropy_collapse_demo.py"
+    spec = importlib.util.spec_from_file_location("entropy_collapse_demo_evaluation", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    titles = []
+    plot = demo.plot
+    monkeypatch.setattr(demo, "plot", lambda *args, **kwargs: titles.extend(plot(*args, **kwargs)))
+    arguments = demo.DemoArguments(
+        output_dir=str(tmp_path),
+        methods=["grpo", "repo_r"],
+        max_steps=4,
+        num_samples=4,
+        workers=1,
+        toy_policy_cache=TOY_CACHE,
+    )
+    summaries = demo.main(arguments)
+
+    history = json.loads((tmp_path / "history.json").read_text())
+    versions = history["versions"]
+    assert (versions["torch"], versions["transformers"], versions["trl"]) == (
+        torch.__version__,
+        transformers.__version__,
+        trl.__version__,
+    )
+    assert list(history["phase2_histories"]) == ["grpo", "repo_r"]
+    assert all(len(steps) == 4 for steps in history["phase2_histories"].values())
+    for name, summary in summaries.items():
+        assert sorted(summary["pass_at_k"]) == [1, 2, 4]
+        assert 0 <= summary["pass_at_k"][1] <= summary["pass_at_k"][2] <= summary["pass_at_k"][4] <= 1
+        assert summary["held_out_success"] == summary["pass_at_k"][1]
+        rewards = [entry["reward"] for entry in history["phase2_histories"][name] if "reward" in entry]
+        assert summary["phase2_gain"] == pytest.approx(rewards[-1] - rewards[0])
+        assert math.isnan(summary["law_ceiling"])  # four logged points: the law is not fitted
+    table = (tmp_path / "table.md").read_text()
+    for header in ("held-out success (pass@1)", "pass@4", "ceiling b−a", "run→B", "phase-2 gain", "before"):
+        assert header in table
+    assert table.count("| repo_r |") == 1 and table.count("| repo_r→B |") == 1
+    assert any("pass@k" in title for title in titles) and any("phase 2" in title for title in titles)
+    assert (tmp_path / "entropy_collapse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -356,18 +356,24 @@ class EntropyLawCallback(TrainerCallback):
         self.reward_key = reward_key
         self.min_points = min_points
         self.min_relative_spread = min_relative_spread
+        self._points: list[tuple[float, float]] = []
+        self._scanned = 0  # entries of state.log_history already read
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._points, self._scanned = [], 0  # a resumed run has reloaded its log: read it again from the start
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or self.entropy_key not in logs or self.reward_key not in logs:
             return
-        points = [
-            (entry[self.entropy_key], entry[self.reward_key])
-            for entry in state.log_history
-            if entry.get(self.entropy_key) is not None and entry.get(self.reward_key) is not None
-        ]
+        if len(state.log_history) < self._scanned:  # a new log (another run, or a resumed one reloaded it)
+            self._points, self._scanned = [], 0
+        for entry in state.log_history[self._scanned :]:  # only the entries added since the last call
+            if entry.get(self.entropy_key) is not None and entry.get(self.reward_key) is not None:
+                self._points.append((entry[self.entropy_key], entry[self.reward_key]))
+        self._scanned = len(state.log_history)
         law = fit_entropy_law(
-            [entropy for entropy, _ in points],
-            [reward for _, reward in points],
+            [entropy for entropy, _ in self._points],
+            [reward for _, reward in self._points],
             min_points=self.min_points,
             min_relative_spread=self.min_relative_spread,
         )
