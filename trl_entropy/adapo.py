@@ -40,6 +40,7 @@ class ADAPOConfig(EntropyGRPOConfig):
     """
 
     supported_loss_types: ClassVar[tuple[str, ...]] = ("dapo",)
+    controls_clip_range: ClassVar[bool] = True  # ADAPO warns about on-policy training itself, in its own words
     controls_clip_range: ClassVar[bool] = True
 
     epsilon_high: float | None = field(
