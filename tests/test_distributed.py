@@ -210,9 +210,9 @@ def sharded_runs(policies, tmp_path_factory):
 
 
 # How the LM-head weight is held when the entropy head reads it at the first step (the `head_weight_reads` record).
-# ZeRO-3: a released partition, tied or not (the embedding's module releases the weight after its forward), so the
-# head must gather it. FSDP2 untied: a DTensor shard (the head's own unit is never called); tied: the unit of the
-# embedding and the head has gathered it for the embedding, so it is a plain tensor.
+# ZeRO-3: a released partition, tied or not (the embedding's module releases the weight after its forward): nothing
+# upstream has gathered it for the head. FSDP2 untied: a DTensor shard (the head's own unit is never called); tied: the
+# unit of the embedding and the head has gathered it for the embedding, so it is a plain tensor.
 FIRST_HEAD_READ = {
     ("zero3", "untied"): {"kind": "zero3", "status": "NOT_AVAILABLE", "local_numel": 0},
     ("zero3", "tied"): {"kind": "zero3", "status": "NOT_AVAILABLE", "local_numel": 0},
