@@ -91,12 +91,12 @@ def launch(launcher_options: list[str], script_options: list[str], folder: Path,
         str(STEPS),
         *script_options,
     ]
-    log = open(folder / "launch.log", "w")
     # Launched from the output folder: accelerate puts the working directory on DeepSpeed ranks' PYTHONPATH, and the
     # repository root holds a folder named `kernels` that transformers would take for the Hugging Face package.
-    return subprocess.Popen(
-        command, env=environment, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with open(folder / "launch.log", "w") as log:
+        return subprocess.Popen(
+            command, env=environment, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
