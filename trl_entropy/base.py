@@ -18,13 +18,15 @@ overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bon
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
+import transformers
 from accelerate.utils import is_peft_model
-from transformers import ProcessorMixin
+from transformers import AutoConfig, AutoModelForCausalLM, ProcessorMixin
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
@@ -35,6 +37,8 @@ from .head import EntropyHeadRequest, install_entropy_head, unsupported_head_rea
 
 # The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.
 GENERATION_BATCH_FILE = "trl_entropy_generation_batch_{process_index}.pt"
+logger = logging.get_logger(__name__)
+
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 
 
@@ -55,6 +59,8 @@ class EntropyGRPOConfig(GRPOConfig):
     """
 
     supported_loss_types: ClassVar[tuple[str, ...]] = ("grpo", "bnpo", "dr_grpo", "dapo")
+    # True where the method moves the clip range itself (and warns about on-policy training in its own words).
+    controls_clip_range: ClassVar[bool] = False
 
     entropy_kernel_chunk_size: int | None = field(
         default=None,
@@ -88,6 +94,47 @@ class EntropyGRPOConfig(GRPOConfig):
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
         ):
             raise ValueError(f"entropy_kernel_chunk_size must be a positive integer or None, got {chunk_size!r}.")
+        generate_every = self.steps_per_generation * self.num_iterations
+        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high  # None means epsilon
+        clip_changed = (self.epsilon, epsilon_high) != (0.2, 0.2)
+        if clip_changed and not self.controls_clip_range and self.gradient_accumulation_steps % generate_every == 0:
+            # The clip-low recipe (Park et al., arXiv:2509.26114) acts through the clip, which on-policy never binds.
+            warnings.warn(
+                f"epsilon={self.epsilon}, epsilon_high={epsilon_high} with fully on-policy updates "
+                f"(gradient_accumulation_steps is a multiple of steps_per_generation * num_iterations = "
+                f"{generate_every}): every ratio is 1, so the clip never binds and the clip range has no effect. Set "
+                "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for it to act.",
+                stacklevel=3,
+            )
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config: GRPOConfig):
+        """This config built from a plain `GRPOConfig`: every field the user changed from `GRPOConfig`'s defaults keeps
+        its value; every other field, the method's own included, takes this config's default."""
+        # A GRPOConfig's fields hold values derived in __post_init__ (steps_per_generation, bf16, scale_rewards...). A
+        # GRPOConfig built from the defaults derives the same values, so comparing with one finds what was changed.
+        # The precision and device are carried over as they are: the defaults may not even be valid on this machine.
+        kept = {name: getattr(grpo_config, name) for name in ("output_dir", "use_cpu", "bf16", "fp16")}
+        reference = GRPOConfig(**kept)
+        changed = {
+            f.name: getattr(grpo_config, f.name)
+            for f in fields(GRPOConfig)
+            # generation_batch_size follows from steps_per_generation; passing both is an error in GRPOConfig.
+            if f.init
+            and f.name != "generation_batch_size"
+            and getattr(grpo_config, f.name) != getattr(reference, f.name)
+        }
+        return cls(**kept, **changed)
+
+
+def weightless_model(name_or_path: str, args: GRPOConfig):
+    """The model TRL would load for ``name_or_path`` (the class its config names), built on the meta device: the
+    same checks as an instance, without loading weights."""
+    init_kwargs = args.model_init_kwargs or {}
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=init_kwargs.get("trust_remote_code", False))
+    architecture = getattr(transformers, (config.architectures or [""])[0], None) or AutoModelForCausalLM
+    with torch.device("meta"):
+        return architecture.from_config(config) if architecture is AutoModelForCausalLM else architecture(config)
 
 
 @dataclass
@@ -115,11 +162,22 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         if args is None:
             raise ValueError(f"{type(self).__name__} needs `args`, an instance of {self.config_class.__name__}.")
+        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
+            args = self.config_class.from_grpo_config(args)
+            logger.warning(
+                f"{type(self).__name__}: built a {self.config_class.__name__} from the GRPOConfig given as `args`; "
+                f"fields left at GRPOConfig's defaults, and {self.config_class.__name__}'s own fields, take "
+                f"{self.config_class.__name__}'s defaults."
+            )
         if not isinstance(args, self.config_class):
             raise TypeError(
-                f"{type(self).__name__} needs `args` of type {self.config_class.__name__}, got {type(args).__name__}."
+                f"{type(self).__name__} needs `args` of type {self.config_class.__name__} (or a plain GRPOConfig), "
+                f"got {type(args).__name__}."
             )
-        self._reject_unsupported(model, args)
+        # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
+        reason = unsupported_head_reason(model if not isinstance(model, str) else weightless_model(model, args))
+        if reason is not None:
+            raise ValueError(reason)
         super().__init__(model, reward_funcs, args, *positional, **keyword)
         if isinstance(self.processing_class, ProcessorMixin):
             raise NotImplementedError(
@@ -136,23 +194,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._cycle_statistics: dict[str, torch.Tensor] = {}
         self._cycle_optimizer_steps = 0
         self.add_callback(EntropyControlState())  # carries the controller state into every checkpoint
-
-    @staticmethod
-    def _reject_unsupported(model, args) -> None:
-        if isinstance(model, str):
-            return
-        reason = unsupported_head_reason(model)  # before TRL's set-up, which fails obscurely on a bare backbone
-        if reason is not None:
-            raise ValueError(reason)
-        text_config = model.config.get_text_config()
-        coefficient = args.router_aux_loss_coef
-        if coefficient is None:
-            coefficient = getattr(text_config, "router_aux_loss_coef", 0.0)
-        if hasattr(text_config, "output_router_logits") and coefficient:
-            raise ValueError(
-                f"router_aux_loss_coef={coefficient}: the MoE load-balancing loss is not supported by the entropy "
-                "trainers. Set router_aux_loss_coef=0.0 to train without it."
-            )
 
     # ------------------------------------------------------------------------------------------------------------
     # Hooks
@@ -215,13 +256,17 @@ class EntropyGRPOTrainer(GRPOTrainer):
     # Scoring
     # ------------------------------------------------------------------------------------------------------------
 
-    def _score(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0):
-        """Per-token log-probs, entropies and (when ``clamp_fraction > 0``) clamped entropies of the completion."""
+    def _score(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0, aux_loss=False
+    ):
+        """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``) of the completion, and the
+        MoE router loss averaged over the forward passes (when ``aux_loss``), as TRL averages it."""
         request = EntropyHeadRequest(
             logits_to_keep=logits_to_keep,
             clamp_fraction=clamp_fraction,
             chunk_size=self.args.entropy_kernel_chunk_size,
             backend=self.args.entropy_kernel_backend,
+            compute_aux_loss=aux_loss,
         )
         batch_size = batch_size or input_ids.size(0)
         outputs = []
@@ -237,7 +282,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
         log_probs = torch.cat([o.log_probs for o in outputs])
         entropy = torch.cat([o.entropy for o in outputs])
         clamped = torch.cat([o.clamped_entropy for o in outputs]) if clamp_fraction > 0 else None
-        return log_probs, entropy, clamped
+        router_loss = torch.stack([o.aux_loss for o in outputs]).mean() if aux_loss else None
+        return log_probs, entropy, clamped, router_loss
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -253,12 +299,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
         # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
         # on-policy ratio is exactly 1.
         extra = {name: value for name, value in model_inputs.items() if value is not None}
-        if extra or compute_aux_loss:
-            raise NotImplementedError(
-                f"{type(self).__name__} scores text-only inputs; got {sorted(extra) or ['compute_aux_loss']}."
-            )
-        log_probs, entropy, _ = self._score(model, input_ids, attention_mask, logits_to_keep, batch_size)
-        return log_probs, (entropy if compute_entropy else None), None
+        if extra:
+            raise NotImplementedError(f"{type(self).__name__} scores text-only inputs; got {sorted(extra)}.")
+        log_probs, entropy, _, router_loss = self._score(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
+        )
+        return log_probs, (entropy if compute_entropy else None), router_loss
 
     # ------------------------------------------------------------------------------------------------------------
     # The loss step
@@ -273,8 +319,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
         model_inputs = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids")}
         if any(value is not None for value in model_inputs.values()):
             raise NotImplementedError(f"{type(self).__name__} trains on text-only inputs.")
-        log_probs, entropy, clamped_entropy = self._score(
-            model, input_ids, attention_mask, completion_ids.size(1), clamp_fraction=self.clamp_fraction()
+        log_probs, entropy, clamped_entropy, router_loss = self._score(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            clamp_fraction=self.clamp_fraction(),
+            aux_loss=self.aux_loss_enabled,
         )
         old_log_probs = inputs.get("old_per_token_logps")
         advantages = inputs["advantages"]
@@ -330,6 +381,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
         regulariser = self.regulariser(batch)
         if regulariser is not None:
             loss = loss + regulariser / accumulation
+        if self.aux_loss_enabled:  # the MoE load-balancing loss, scaled for accumulation as TRL scales it
+            loss = loss + self.router_aux_loss_coef * router_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
+            )
 
         if mode == "train":
             self._accumulate_controller_statistics(batch)
