@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 import transformers
-from accelerate.utils import is_peft_model
+from accelerate.utils import is_peft_model, send_to_device
 from transformers import AutoConfig, AutoModelForCausalLM, ProcessorMixin
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
@@ -570,7 +570,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
                     f"{checkpoint} was saved inside a generation cycle by {snapshot['num_processes']} processes; "
                     f"resuming it needs {path} and as many processes (this run has {self.accelerator.num_processes})"
                 )
-            self._buffered_inputs = torch.load(path, map_location=device, weights_only=True)
+            # Loaded on the CPU first: torch.load cannot map onto an indexed CPU device ("cpu:0", multi-process CPU).
+            self._buffered_inputs = send_to_device(torch.load(path, map_location="cpu", weights_only=True), device)
 
     # ------------------------------------------------------------------------------------------------------------
     # Metrics
