@@ -18,7 +18,7 @@ import types
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial
 from transformers.utils import ModelOutput
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
@@ -121,11 +121,13 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         # PEFT wrappers of the head (e.g. for `trainable_token_indices`) expose `weight` but may have no `bias`.
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         # FSDP2 shards the head as DTensors; the kernel multiplies plain tensors. `full_tensor()` all-gathers the
-        # weight here and reduce-scatters its gradient in the backward.
+        # weight. Each rank scores its own batch, so the gradient differs between ranks: declared a partial to average,
+        # it is reduce-scattered in the backward (the default, a replicated gradient, would leave each shard with its
+        # own rank's gradient). FSDP's own reduction never sees it: the head module itself is not called.
         if isinstance(weight, DTensor):
-            weight = weight.full_tensor()
+            weight = weight.full_tensor(grad_placements=[Partial("avg")] * len(weight.placements))
         if isinstance(bias, DTensor):
-            bias = bias.full_tensor()
+            bias = bias.full_tensor(grad_placements=[Partial("avg")] * len(bias.placements))
         device = weight.device.type
         hidden_states, mask, targets = (
             hidden_states.to(weight.device),
