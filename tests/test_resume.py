@@ -13,7 +13,11 @@ import fnmatch
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +28,7 @@ from trl_entropy.controllers import EntropyControlState
 from trl_entropy.methods import METHODS
 
 
+HERE = Path(__file__).resolve().parent
 STEPS = 4
 CHECKPOINT = 1  # inside the first generation cycle (steps 1 and 2)
 # TRL's own adaptive entropy bonus has state of its own (coefficient, last entropy) in TRL's checkpoint file.
@@ -189,3 +194,54 @@ def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, 
         match = "saved inside a generation cycle"
     with pytest.raises(ValueError, match=match):
         train("repo_r", warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Two processes
+# ---------------------------------------------------------------------------------------------------------------------
+
+# One rank of a two-process run: this suite's `train`, the record written by rank 0.
+RANK_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_resume import train, logged
+trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
+if trainer.accelerator.is_main_process:
+    record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
+    json.dump(dict(record, controller=values), open(sys.argv[3] + "/record.json", "w"))
+"""
+
+
+def launch_two_processes(script, arguments, folder):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    environment = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(port), str(script), *arguments]
+    # Launched from the run's folder: the repository root holds a folder named `kernels` (see test_distributed.py).
+    result = subprocess.run(command, env=environment, cwd=folder, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    with open(os.path.join(arguments[2], "record.json")) as file:
+        return json.load(file)
+
+
+@pytest.mark.slow  # two launches of two processes: about 80 s on two CPU cores
+def test_two_process_mid_cycle_resume_equals_the_straight_run(warm_toy_policy_path, tmp_path):
+    """Each rank saves its own generation batch; the partial cycle sums, reduced at the save, restart on rank 0."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    straight = launch_two_processes(
+        script, [str(HERE), warm_toy_policy_path, str(tmp_path / "straight"), ""], tmp_path
+    )
+    checkpoint = tmp_path / "straight" / f"checkpoint-{CHECKPOINT}"
+    assert saved_snapshot(str(checkpoint))["num_processes"] == 2
+    assert all((checkpoint / GENERATION_BATCH_FILE.format(process_index=rank)).exists() for rank in (0, 1))
+    resumed = launch_two_processes(
+        script, [str(HERE), warm_toy_policy_path, str(tmp_path / "resumed"), str(checkpoint)], tmp_path
+    )
+    assert len(set(straight["loss"][CHECKPOINT:])) == STEPS - CHECKPOINT, "identical losses: the check would be weak"
+    for key in ("loss", "entropy", "repo/entropy_target"):  # the target is measured on the resumed cycle's sums
+        assert resumed[key][CHECKPOINT:] == pytest.approx(straight[key][CHECKPOINT:], rel=1e-5, abs=1e-7), key
+    assert resumed["controller"] == pytest.approx(straight["controller"][CHECKPOINT:], rel=1e-6, abs=1e-12)
