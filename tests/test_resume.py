@@ -25,6 +25,7 @@ from distributed_run import ControllerRecorder, logged, make_trainer
 
 from trl_entropy.base import GENERATION_BATCH_FILE
 from trl_entropy.controllers import EntropyControlState
+from trl_entropy.cov import CLIP_COV_GENERATOR_FILE
 from trl_entropy.methods import METHODS
 
 
@@ -147,38 +148,51 @@ class LocalHub:
         return done
 
 
-@pytest.fixture(scope="module")
-def pushed_run(warm_toy_policy_path, tmp_path_factory):
-    """A REPO-R run that pushes every checkpoint to a local stand-in for the Hub (hub_strategy="all_checkpoints")."""
+# What a pushed checkpoint must hold beyond Trainer's own files, per method: each rank's buffered generation batch (the
+# checkpoint is inside a cycle) and, for Clip-Cov, each rank's random generator.
+PUSHED = {
+    "repo_r": [GENERATION_BATCH_FILE.format(process_index=0)],
+    "clip_cov": [GENERATION_BATCH_FILE.format(process_index=0), CLIP_COV_GENERATOR_FILE.format(process_index=0)],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PUSHED))
+def pushed_run(request, warm_toy_policy_path, tmp_path_factory):
+    """A run that pushes every checkpoint to a local stand-in for the Hub (hub_strategy="all_checkpoints")."""
     root = tmp_path_factory.mktemp("pushed")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("transformers.trainer.hf_api", lambda: LocalHub(str(root / "hub")))
         trainer, values = train(
-            "repo_r",
+            request.param,
             warm_toy_policy_path,
             str(root / "run"),
             push_to_hub=True,
             hub_model_id="user/pushed",
             hub_strategy="all_checkpoints",
         )
-    return trainer, values, str(root / "hub" / "user" / "pushed" / f"checkpoint-{CHECKPOINT}")
+    return request.param, trainer, values, str(root / "hub" / "user" / "pushed" / f"checkpoint-{CHECKPOINT}")
 
 
 def test_pushed_checkpoint_carries_the_controller_state_and_resumes_exactly(
     pushed_run, warm_toy_policy_path, tmp_path
 ):
-    straight, straight_values, pushed = pushed_run
+    method, straight, straight_values, pushed = pushed_run
     snapshot = saved_snapshot(pushed)  # what the Hub received
-    assert snapshot["controllers"]["repo"]["entropy_target"] is None  # mid-cycle: not measured yet
-    assert snapshot["controllers"]["repo"]["beta"] == straight_values[0]
-    assert os.path.exists(os.path.join(pushed, GENERATION_BATCH_FILE.format(process_index=0)))
-    resumed, resumed_values = train("repo_r", warm_toy_policy_path, str(tmp_path), resume_from=pushed)
+    for name, controller in straight.controllers.items():
+        assert set(snapshot["controllers"][name]) == set(controller.state_dict())
+    if method == "repo_r":
+        assert snapshot["controllers"]["repo"]["entropy_target"] is None  # mid-cycle: not measured yet
+        assert snapshot["controllers"]["repo"]["beta"] == straight_values[0]
+    for name in PUSHED[method]:
+        assert os.path.exists(os.path.join(pushed, name)), name
+    resumed, resumed_values = train(method, warm_toy_policy_path, str(tmp_path), resume_from=pushed)
     assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
 
 
+@pytest.mark.parametrize("pushed_run", ["repo_r"], indirect=True)
 @pytest.mark.parametrize("missing", ["controller_state", "generation_batch"])
 def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, warm_toy_policy_path, tmp_path):
-    _, _, pushed = pushed_run
+    _, _, _, pushed = pushed_run
     checkpoint = str(tmp_path / "checkpoint")
     shutil.copytree(pushed, checkpoint)
     if missing == "controller_state":

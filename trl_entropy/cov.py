@@ -489,13 +489,16 @@ class ClipCovTrainer(CovSelectionTrainer):
         return torch.where(detached, torch.zeros_like(per_token_loss), per_token_loss)
 
     def _save_checkpoint(self, model, trial):
+        # Written before Trainer's own save, which pushes the folder to the Hub (push_to_hub) as its last step. The
+        # generation-batch draws need no state: they are seeded by the step.
+        if self.args.cov_selection_scope == "micro_batch":
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, CLIP_COV_GENERATOR_FILE.format(process_index=self.accelerator.process_index))
+            torch.save(self._clip_cov_generators["train"].get_state(), path)
         super()._save_checkpoint(model, trial)
-        if self.args.cov_selection_scope != "micro_batch":  # the generation-batch draws are seeded by the step
-            return
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, CLIP_COV_GENERATOR_FILE.format(process_index=self.accelerator.process_index))
-        torch.save(self._clip_cov_generators["train"].get_state(), path)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
