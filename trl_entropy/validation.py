@@ -11,8 +11,7 @@ def is_finite_number(value) -> bool:
 def reject_trl_entropy_bonus(config, method: str) -> None:
     """Refuse TRL's own entropy bonus next to a method that controls entropy itself.
 
-    Two entropy controls at once are almost certainly a mistake, and in the REPO/ADAPO configs `entropy_target` means
-    the method's target, not TRL's bonus threshold.
+    Two entropy controls at once are almost certainly a mistake.
     """
     if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
         raise ValueError(
