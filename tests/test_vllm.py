@@ -167,7 +167,9 @@ def test_importance_sampling_ratio_and_loss_equal_grpo_trainers(is_mode, fake_vl
     (trl_loss, trl_grads), (our_loss, our_grads) = results
     torch.testing.assert_close(our_loss, trl_loss, rtol=1e-5, atol=1e-7)
     for name in trl_grads:
-        torch.testing.assert_close(our_grads[name], trl_grads[name], rtol=1e-4, atol=1e-7, msg=name)
+        # Two fused kernels sum in different orders: an entry near zero of a gradient whose largest entries are ~0.2
+        # can differ by a few fp32 roundings of those (2.6e-7 measured on token_mask), hence an absolute floor of 1e-6.
+        torch.testing.assert_close(our_grads[name], trl_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
