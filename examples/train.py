@@ -27,9 +27,7 @@ neither `--bf16` nor `--fp16` given, the script trains in fp32 and says so in on
 """
 
 import argparse
-import logging
 import sys
-import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -37,7 +35,13 @@ import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
+from trl_entropy.methods import (
+    METHODS,
+    TOY_NUM_PROMPTS,
+    TOY_TRAINING_DEFAULTS,
+    hide_known_upstream_noise,
+    toy_training_set,
+)
 
 
 INSTRUCTION = " Give the final answer as \\boxed{answer}."
@@ -53,21 +57,6 @@ TRL_OPTIONS_OF_METHOD = {
         "entropy_coef_max",
     ]
 }
-# Upstream deprecation notices a user of this script cannot act on (TRL 1.16 still calls transformers' old
-# gradient-checkpointing names). Only these are hidden; every other warning, this library's included, still shows.
-KNOWN_UPSTREAM_WARNINGS = [(FutureWarning, r"`(is_)?gradient_checkpointing\w*` is deprecated")]
-# DeepSpeed's import-time note on a machine without a GPU; the script's own precision notice says what matters.
-KNOWN_UPSTREAM_LOG = ("DeepSpeed", "Setting accelerator to CPU")
-
-
-def is_not_known_upstream_log(record: logging.LogRecord) -> bool:
-    return not (record.name == KNOWN_UPSTREAM_LOG[0] and record.getMessage().startswith(KNOWN_UPSTREAM_LOG[1]))
-
-
-def hide_known_upstream_noise() -> None:
-    for category, message in KNOWN_UPSTREAM_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category)
-    logging.getLogger(KNOWN_UPSTREAM_LOG[0]).addFilter(is_not_known_upstream_log)  # added once however often called
 
 
 @dataclass

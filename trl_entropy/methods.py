@@ -1,5 +1,8 @@
-"""The method registry (what `--method` names) and the toy recipe shared by `examples/train.py` and the demo."""
+"""The method registry (what `--method` names), the toy recipe and the known upstream noise, shared by
+`examples/train.py` and the demo."""
 
+import logging
+import warnings
 from dataclasses import dataclass, field
 
 from .adapo import ADAPOConfig, ADAPOTrainer
@@ -9,7 +12,15 @@ from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer
 from .repo import REPOConfig, REPOTrainer
 
 
-__all__ = ["METHODS", "TOY_NUM_PROMPTS", "TOY_TRAINING_DEFAULTS", "Method", "get_method", "toy_training_set"]
+__all__ = [
+    "METHODS",
+    "TOY_NUM_PROMPTS",
+    "TOY_TRAINING_DEFAULTS",
+    "Method",
+    "get_method",
+    "hide_known_upstream_noise",
+    "toy_training_set",
+]
 
 
 @dataclass(frozen=True)
@@ -86,3 +97,20 @@ def toy_training_set(num_prompts: int, num_rows: int, seed: int = 0):
     pool = build_toy_dataset(num_prompts, seed=seed)
     repeats = max(1, -(-num_rows // num_prompts))
     return pool.select([index for _ in range(repeats) for index in range(num_prompts)])
+
+
+# Upstream deprecation notices a user of the examples cannot act on (TRL 1.16 still calls transformers' old
+# gradient-checkpointing names). Only these are hidden; every other warning, this library's included, still shows.
+KNOWN_UPSTREAM_WARNINGS = [(FutureWarning, r"`(is_)?gradient_checkpointing\w*` is deprecated")]
+# DeepSpeed's import-time note on a machine without a GPU; the examples say themselves which precision they use.
+KNOWN_UPSTREAM_LOG = ("DeepSpeed", "Setting accelerator to CPU")
+
+
+def is_not_known_upstream_log(record: logging.LogRecord) -> bool:
+    return not (record.name == KNOWN_UPSTREAM_LOG[0] and record.getMessage().startswith(KNOWN_UPSTREAM_LOG[1]))
+
+
+def hide_known_upstream_noise() -> None:
+    for category, message in KNOWN_UPSTREAM_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    logging.getLogger(KNOWN_UPSTREAM_LOG[0]).addFilter(is_not_known_upstream_log)  # added once however often called
