@@ -39,7 +39,14 @@ import yaml
 from transformers import PrinterCallback, TrainerCallback
 from trl import TrlParser
 
-from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
+from trl_entropy.methods import (
+    METHODS,
+    TOY_NUM_PROMPTS,
+    TOY_TRAINING_DEFAULTS,
+    get_method,
+    hide_known_upstream_noise,
+    toy_training_set,
+)
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -102,9 +109,9 @@ class DemoArguments:
     workers: int = field(
         default=2, metadata={"help": "Runs trained at the same time, each in its own single-threaded process."}
     )
-    job_file: str | None = field(
-        default=None,
-        metadata={"help": "Internal: run the one job this JSON file describes (how the demo uses several workers)."},
+    worker: bool = field(
+        default=False,
+        metadata={"help": "Internal: serve jobs, reading job files' paths from stdin (how the demo uses workers)."},
     )
 
     def __post_init__(self):
@@ -173,6 +180,10 @@ class Job:
     @property
     def policy_path(self) -> str:
         return os.path.join(self.output_dir, "policy")
+
+    @property
+    def job_path(self) -> str:
+        return os.path.join(self.output_dir, "job.json")
 
     @property
     def result_path(self) -> str:
@@ -255,17 +266,7 @@ def run_job(job: Job, report=lambda: None) -> dict:
     }
 
 
-def run_job_file(path: str) -> None:
-    """The worker's side: run the job in ``path``, print one line per optimizer step, write the result file."""
-    with open(path) as file:
-        job = Job(**json.load(file))
-    result = run_job(job, report=lambda: print("step", flush=True))
-    with open(job.result_path + ".tmp", "w") as file:
-        json.dump(result, file)
-    os.replace(job.result_path + ".tmp", job.result_path)
-
-
-def execute(jobs: list[Job], after: dict[str, Job], workers: int) -> dict[str, dict]:
+def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
     """Run ``jobs`` and, as each one finishes, the job ``after`` it (phase 2 of a phase-1 run), ``workers`` at a
     time, with a progress bar over the optimizer steps; returns the results by job key."""
     from tqdm.auto import tqdm
@@ -291,53 +292,80 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int) -> dict[str, d
         bar.close()
         return results
 
+    # Worker processes stay up and take one job after another (a job file's path on their stdin), so the imports are
+    # paid once per worker; each prints "step" per optimizer step and "done" per job.
     events: queue.Queue = queue.Queue()
-    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+    log_dir = os.path.join(output_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    processes, assigned = [], {}
 
-    def watch(job: Job, process: subprocess.Popen) -> None:
+    def watch(index: int, process: subprocess.Popen) -> None:
         for line in process.stdout:
-            if line.strip() == "step":
-                events.put(("step", job.key))
-        events.put(("exit", job.key, process.wait()))
+            if line.strip() in ("step", "done"):
+                events.put((line.strip(), index))
+        events.put(("exit", index, process.wait()))
 
-    def start(job: Job) -> None:
-        os.makedirs(job.output_dir, exist_ok=True)
-        job_file = os.path.join(job.output_dir, "job.json")
-        with open(job_file, "w") as file:
-            json.dump(asdict(job), file)
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        with open(os.path.join(job.output_dir, "log.txt"), "w") as log:
+    for index in range(min(workers, len(jobs))):
+        with open(os.path.join(log_dir, f"worker{index}.txt"), "w") as log:
             process = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--job_file", job_file],
+                [sys.executable, os.path.abspath(__file__), "--worker"],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
                 env=env,
             )
-        running[job.key] = (job, process)
-        threading.Thread(target=watch, args=(job, process), daemon=True).start()
-
-    while pending or running:
-        while pending and len(running) < workers:
-            start(pending.pop(0))
-        event = events.get()
-        if event[0] == "step":
-            bar.update(1)
-            continue
-        job, _ = running.pop(event[1])
-        if event[2] != 0:
-            for _, process in running.values():
+        processes.append(process)
+        threading.Thread(target=watch, args=(index, process), daemon=True).start()
+    idle = list(range(len(processes)))
+    try:
+        while pending or assigned:
+            while pending and idle:
+                index, job = idle.pop(0), pending.pop(0)
+                os.makedirs(job.output_dir, exist_ok=True)
+                with open(job.job_path, "w") as file:
+                    json.dump(asdict(job), file)
+                processes[index].stdin.write(job.job_path + "\n")
+                processes[index].stdin.flush()
+                assigned[index] = job
+            kind, index, *code = events.get()
+            if kind == "step":
+                bar.update(1)
+            elif kind == "exit":  # a worker only exits by itself when a job fails
+                with open(os.path.join(log_dir, f"worker{index}.txt")) as log:
+                    tail = log.read()[-3000:]
+                job = assigned.get(index)
+                raise RuntimeError(
+                    f"{job.key if job else 'a worker'} failed (exit code {code[0]}); its log ends:\n{tail}"
+                )
+            else:
+                job = assigned.pop(index)
+                idle.append(index)
+                with open(job.result_path) as file:
+                    finish(job, json.load(file))
+                if job.key in after:
+                    pending.insert(0, after[job.key])
+    finally:
+        bar.close()
+        for process in processes:
+            if assigned:  # stopped by an error: do not wait for the other jobs
                 process.kill()
-            bar.close()
-            with open(os.path.join(job.output_dir, "log.txt")) as log:
-                tail = log.read()[-3000:]
-            raise RuntimeError(f"{job.key} failed (exit code {event[2]}); its log ends with:\n{tail}")
-        with open(job.result_path) as file:
-            finish(job, json.load(file))
-        if job.key in after:
-            pending.insert(0, after[job.key])
-    bar.close()
+            process.stdin.close()
+            process.wait()
     return results
+
+
+def serve_jobs() -> None:
+    """The worker's side: run each job whose file path arrives on stdin, one per line, until stdin closes."""
+    for line in sys.stdin:
+        with open(line.strip()) as file:
+            job = Job(**json.load(file))
+        result = run_job(job, report=lambda: print("step", flush=True))
+        with open(job.result_path + ".tmp", "w") as file:
+            json.dump(result, file)
+        os.replace(job.result_path + ".tmp", job.result_path)
+        print("done", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -733,7 +761,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
                 )
     jobs.sort(key=lambda job: job.phase == 0)  # the long runs first; the evaluations of the start fill in
     start_time, start_cpu = time.perf_counter(), cpu_seconds()
-    results = execute(jobs, after, demo.workers)
+    results = execute(jobs, after, demo.workers, demo.output_dir)
     total_time, total_cpu = time.perf_counter() - start_time, cpu_seconds() - start_cpu
 
     def result(seed, name, phase):
@@ -811,8 +839,9 @@ def main(demo: DemoArguments) -> dict[str, dict]:
 
 
 if __name__ == "__main__":
+    hide_known_upstream_noise()
     (demo_arguments,) = TrlParser((DemoArguments,)).parse_args_and_config()
-    if demo_arguments.job_file:
-        run_job_file(demo_arguments.job_file)
+    if demo_arguments.worker:
+        serve_jobs()
     else:
         main(demo_arguments)
