@@ -682,23 +682,27 @@ def plot(
 
 
 def versions() -> dict:
-    """What the numbers came from: library versions, Python, the machine, the git commit of this checkout."""
+    """What the numbers came from: library versions, Python, the machine, the git commit of this checkout (taken when
+    the demo starts)."""
     import torch
     import transformers
     import trl
 
     import trl_entropy
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
+    def git(*arguments: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *arguments],
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    changed = git("status", "--porcelain", "--", ":/trl_entropy", ":/kernels", ":/examples")
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -706,7 +710,9 @@ def versions() -> dict:
         "trl_entropy": trl_entropy.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
-        "git_commit": commit,
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        # Uncommitted changes to the code the runs import, when there are any (the numbers may not match the commit).
+        "git_uncommitted": changed.splitlines() if changed else [],
     }
 
 
@@ -722,6 +728,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
     from trl_entropy.toy import build_toy_policy
 
     settings = {name: run_settings(name, demo) for name in demo.methods}  # fail before any training on a bad run
+    provenance = versions()
     os.makedirs(demo.output_dir, exist_ok=True)
     seeds = [demo.seed + offset for offset in range(demo.num_seeds)]
     jobs, after = [], {}
@@ -791,7 +798,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
         json.dump(
             {
                 "arguments": vars(demo),
-                "versions": versions(),
+                "versions": provenance,
                 "total_wall_time_s": total_time,
                 "total_cpu_time_s": total_cpu,
                 "training": TOY_TRAINING_DEFAULTS,
