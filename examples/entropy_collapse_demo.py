@@ -643,7 +643,7 @@ def plot(
         ylabel="pass@k (80 held-out problems)",
     )
     pass_axis.grid(alpha=0.3)
-    pass_axis.legend(fontsize=8, loc="lower right")
+    pass_axis.legend(fontsize=8, loc="upper left")  # the curves rise from the lower left
 
     if phase2:
         gain_axis = axes[1][2]
