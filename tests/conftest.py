@@ -111,6 +111,9 @@ def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accu
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = accumulation
+    # accelerate's gradient state is shared by every trainer of the process: start from the state a training step
+    # starts from (the last micro-batch of a window), whatever an earlier test left.
+    set_sync(trainer, True)
     return trainer
 
 

@@ -1,6 +1,8 @@
 """What every trainer offers as a drop-in `trl.GRPOTrainer`: a plain `GRPOConfig` as `args`, and `evaluate()`."""
 
 import logging
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
@@ -105,23 +107,40 @@ def test_evaluate_works_for_every_method_and_moves_no_controller(
     assert {name: c.state_dict() for name, c in trainer.controllers.items()} == controllers
 
 
+# Liger patches transformers' model modules for the whole process (its RMSNorm class, RoPE function...), and its Triton
+# kernels do not run on the CPU: the check runs in a process of its own.
+LIGER_CHECK = """
+import sys
+from transformers.integrations.liger import apply_liger_kernel
+from trl_entropy.methods import METHODS
+from trl_entropy.toy import build_toy_dataset, toy_reward
+
+spec = METHODS[sys.argv[1]]
+trainer = spec.trainer_class(
+    model=sys.argv[2],
+    reward_funcs=toy_reward,
+    args=spec.config_class(
+        output_dir=sys.argv[3], use_liger_kernel=True, per_device_train_batch_size=8, num_generations=4,
+        report_to=[], use_cpu=True, bf16=False,
+    ),
+    train_dataset=build_toy_dataset(8),
+)
+assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
+head_forward = trainer.model.forward.__func__
+apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
+assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward", "Liger was not applied"
+assert trainer.model.forward.__func__ is head_forward, "the entropy head was replaced"
+print("entropy head kept")
+"""
+
+
 @pytest.mark.parametrize("method", ["grpo", "aent"])
-def test_liger_layer_kernels_keep_the_entropy_head(method, toy_model_path, toy_tokenizer, tmp_path):
+def test_liger_layer_kernels_keep_the_entropy_head(method, toy_model_path, tmp_path):
     """`use_liger_kernel=True`: transformers applies Liger's layer kernels when training starts; the model's forward
     must stay the entropy head (TRL turns Liger's fused linear cross-entropy off for that). Liger's Triton kernels do
     not run on the CPU, even under the Triton interpreter, so this checks the wiring only."""
-    from transformers.integrations.liger import apply_liger_kernel
-
-    spec = METHODS[method]
-    trainer = spec.trainer_class(
-        model=toy_model_path,
-        reward_funcs=toy_reward,
-        args=spec.config_class(output_dir=str(tmp_path), use_liger_kernel=True, **COMMON),
-        train_dataset=build_toy_dataset(8),
-        processing_class=toy_tokenizer,
+    result = subprocess.run(
+        [sys.executable, "-c", LIGER_CHECK, method, toy_model_path, str(tmp_path)], capture_output=True, text=True
     )
-    assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
-    head_forward = trainer.model.forward.__func__
-    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
-    assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward"
-    assert trainer.model.forward.__func__ is head_forward
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("entropy head kept")
