@@ -22,9 +22,13 @@ The tests import :func:`deterministic_rollout`, :func:`make_trainer` and :class:
 import argparse
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import zlib
 from collections import Counter
+from pathlib import Path
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -367,6 +371,46 @@ def run(
     with open(os.path.join(out, f"{method}_rank{rank}.json"), "w") as file:
         json.dump(record, file)
     trainer.accelerator.wait_for_everyone()
+
+
+def launch_two_processes(script, script_options, folder: Path, launcher_options=("--multi_gpu",), **env):
+    """Start ``script`` on two local processes with ``accelerate launch``; its log goes to ``folder/launch.log``.
+
+    ``--multi_gpu`` with no visible CUDA device starts the processes with torchrun, each on the CPU with gloo. The
+    launch runs from ``folder``: accelerate puts the working directory on DeepSpeed ranks' ``PYTHONPATH``, and the
+    repository root holds a folder named ``kernels`` that transformers would take for the Hugging Face package.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    environment = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",  # the CPU even where a GPU exists: `--multi_gpu` only selects torchrun's launcher
+        OMP_NUM_THREADS="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        **env,
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launcher_options, "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(port), str(script), *script_options]
+    with open(Path(folder) / "launch.log", "w") as log:
+        return subprocess.Popen(
+            command, env=environment, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
+    """Wait for a launch; on failure or a hung rank, stop the launcher and both ranks and show the log's tail."""
+    try:
+        launched.wait(timeout=timeout)
+    finally:
+        if launched.poll() is None:
+            os.killpg(launched.pid, signal.SIGKILL)
+            launched.wait()
+    log = (Path(folder) / "launch.log").read_text()
+    assert launched.returncode == 0, log[-6000:]
 
 
 def main(argv=None) -> None:

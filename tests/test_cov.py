@@ -10,9 +10,6 @@ import dataclasses
 import itertools
 import math
 import os
-import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,8 +17,7 @@ import pytest
 import torch
 from conftest import make_grpo_batch, naive_log_probs
 from cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
-from distributed_run import make_trainer
-from test_distributed import free_port
+from distributed_run import finish, launch_two_processes, make_trainer
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -1004,57 +1000,18 @@ def two_process_records(warm_toy_policy_path, tmp_path_factory):
     """``{(method, scope): (one_process_record, [rank0_record, rank1_record])}``: cov_scope_run.py launched on two CPU
     processes (gloo) with 4 completions each, and run here on one process with 8, while the two ranks run."""
     two = tmp_path_factory.mktemp("cov_two_processes")
-    env = dict(
-        os.environ,
-        CUDA_VISIBLE_DEVICES="",
-        OMP_NUM_THREADS="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",  # torchrun with two local processes; without CUDA each process uses the CPU and gloo
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(HERE / "cov_scope_run.py"),
-        "--model",
-        warm_toy_policy_path,
-        "--out",
-        str(two),
-        "--per-device-batch-size",
-        "4",
-    ]
-    log_path = two / "launch.log"
-    with open(log_path, "w") as log:
-        launched = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            one = {
-                (method, scope): train_recording(
-                    method,
-                    warm_toy_policy_path,
-                    str(two / f"one_{method}_{scope}"),
-                    scope,
-                    per_device_train_batch_size=8,
-                )
-                for method in METHODS
-                for scope in COV_SELECTION_SCOPES
-            }
-            launched.wait(timeout=600)
-        finally:
-            if launched.poll() is None:  # a failure here, or a hung rank: stop the launcher and both ranks
-                os.killpg(launched.pid, signal.SIGKILL)
-                launched.wait()
-    assert launched.returncode == 0, log_path.read_text()[-6000:]
+    options = ["--model", warm_toy_policy_path, "--out", str(two), "--per-device-batch-size", "4"]
+    launched = launch_two_processes(HERE / "cov_scope_run.py", options, two)
+    try:  # the one-process runs go on here while the two ranks run
+        one = {
+            (method, scope): train_recording(
+                method, warm_toy_policy_path, str(two / f"one_{method}_{scope}"), scope, per_device_train_batch_size=8
+            )
+            for method in METHODS
+            for scope in COV_SELECTION_SCOPES
+        }
+    finally:
+        finish(launched, two)
     return {
         (method, scope): (record, load_records(str(two), method, scope)) for (method, scope), record in one.items()
     }

@@ -18,15 +18,19 @@ must hold the same controller value after every step.
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from distributed_run import ADAPTIVE_METHODS, TRL_REFERENCE, run, save_untied_copy
+from distributed_run import (
+    ADAPTIVE_METHODS,
+    TRL_REFERENCE,
+    finish,
+    launch_two_processes,
+    run,
+    save_untied_copy,
+)
 
 
 HERE = Path(__file__).resolve().parent
@@ -37,12 +41,6 @@ HEADS = ("tied", "untied")
 # rounding. After three Adam steps at lr 1e-3 the weights agree to about 6e-6; an unreduced LM-head gradient (each rank
 # keeping its own half's) moves them by 4e-3.
 WEIGHTS_ATOL = 2e-5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def read(folder, method, rank=0):
@@ -58,57 +56,9 @@ def max_weight_difference(first: dict, second: dict) -> float:
 
 
 def launch(launcher_options: list[str], script_options: list[str], folder: Path, **env) -> subprocess.Popen:
-    """Start ``distributed_run.py`` on two processes; its log goes to ``folder/launch.log``."""
-    environment = dict(
-        os.environ,
-        CUDA_VISIBLE_DEVICES="",  # the CPU even where a GPU exists: `--multi_gpu` only selects torchrun's launcher
-        OMP_NUM_THREADS="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-        **env,
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *launcher_options,
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(HERE / "distributed_run.py"),
-        "--out",
-        str(folder),
-        "--per-device-batch-size",
-        "4",
-        "--steps",
-        str(STEPS),
-        *script_options,
-    ]
-    # Launched from the output folder: accelerate puts the working directory on DeepSpeed ranks' PYTHONPATH, and the
-    # repository root holds a folder named `kernels` that transformers would take for the Hugging Face package.
-    with open(folder / "launch.log", "w") as log:
-        return subprocess.Popen(
-            command, env=environment, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
-    """Wait for a launch; on failure or a hung rank, stop the launcher and both ranks and show the log's tail."""
-    try:
-        launched.wait(timeout=timeout)
-    finally:
-        if launched.poll() is None:
-            os.killpg(launched.pid, signal.SIGKILL)
-            launched.wait()
-    log = (folder / "launch.log").read_text()
-    assert launched.returncode == 0, log[-6000:]
+    """Start ``distributed_run.py`` on two processes, writing into ``folder``."""
+    options = ["--out", str(folder), "--per-device-batch-size", "4", "--steps", str(STEPS), *script_options]
+    return launch_two_processes(HERE / "distributed_run.py", options, folder, launcher_options, **env)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -13,15 +13,12 @@ import fnmatch
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
-from distributed_run import ControllerRecorder, logged, make_trainer
+from distributed_run import ControllerRecorder, finish, launch_two_processes, logged, make_trainer
 
 from trl_entropy.base import GENERATION_BATCH_FILE
 from trl_entropy.controllers import EntropyControlState
@@ -226,17 +223,9 @@ if trainer.accelerator.is_main_process:
 """
 
 
-def launch_two_processes(script, arguments, folder):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    environment = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(port), str(script), *arguments]
-    # Launched from the run's folder: the repository root holds a folder named `kernels` (see test_distributed.py).
-    result = subprocess.run(command, env=environment, cwd=folder, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+def run_two_processes(script, arguments, folder):
+    """The record of a two-process run of ``script`` (rank 0 writes it into ``arguments[2]``)."""
+    finish(launch_two_processes(script, arguments, folder), folder)
     with open(os.path.join(arguments[2], "record.json")) as file:
         return json.load(file)
 
@@ -246,13 +235,11 @@ def test_two_process_mid_cycle_resume_equals_the_straight_run(warm_toy_policy_pa
     """Each rank saves its own generation batch; the partial cycle sums, reduced at the save, restart on rank 0."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    straight = launch_two_processes(
-        script, [str(HERE), warm_toy_policy_path, str(tmp_path / "straight"), ""], tmp_path
-    )
+    straight = run_two_processes(script, [str(HERE), warm_toy_policy_path, str(tmp_path / "straight"), ""], tmp_path)
     checkpoint = tmp_path / "straight" / f"checkpoint-{CHECKPOINT}"
     assert saved_snapshot(str(checkpoint))["num_processes"] == 2
     assert all((checkpoint / GENERATION_BATCH_FILE.format(process_index=rank)).exists() for rank in (0, 1))
-    resumed = launch_two_processes(
+    resumed = run_two_processes(
         script, [str(HERE), warm_toy_policy_path, str(tmp_path / "resumed"), str(checkpoint)], tmp_path
     )
     assert len(set(straight["loss"][CHECKPOINT:])) == STEPS - CHECKPOINT, "identical losses: the check would be weak"
