@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from float64_reference import reference
 
 import trl_entropy.kernels.logprob_entropy as lpe
 from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
@@ -21,40 +22,6 @@ REFERENCE_KWARGS = ("temperature", "clamp_fraction", "logit_scale", "final_logit
 # ---------------------------------------------------------------------------------------------------------------------
 # Independent float64 reference
 # ---------------------------------------------------------------------------------------------------------------------
-def reference(
-    hidden,
-    weight,
-    targets,
-    bias=None,
-    temperature=1.0,
-    clamp_fraction=0.0,
-    logit_scale=1.0,
-    final_logit_softcapping=None,
-):
-    """Full logits in float64; the kept set of the clamp from a full sort (no gradient through the selection)."""
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    z = z * logit_scale
-    if final_logit_softcapping is not None:
-        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
-    z = z / temperature
-    log_z = torch.logsumexp(z, -1)
-    p = torch.softmax(z, -1)
-    log_probs = z.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    entropy = log_z - (p * z).sum(-1)
-    k = math.floor(clamp_fraction * z.shape[-1])
-    if k == 0:
-        return log_probs, entropy, entropy
-    kth = z.detach().sort(-1).values[:, k - 1 : k]
-    kept = z.detach() > kth
-    z_kept = z.masked_fill(~kept, -math.inf)
-    log_zc = torch.logsumexp(z_kept, -1)
-    pc = torch.softmax(z_kept, -1)
-    clamped = log_zc - (pc * z.masked_fill(~kept, 0.0)).sum(-1)
-    return log_probs, entropy, clamped
-
-
 def make_inputs(dtype=torch.float32, n=N, d=D, vocab=V, seed=0, bias=True, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     hidden = (torch.randn(n, d, generator=g, dtype=torch.float64) * scale).to(dtype)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from float64_reference import reference
 
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -44,37 +45,6 @@ def _load_kernels_standalone():
     return module
 
 
-def _reference(
-    hidden,
-    weight,
-    targets,
-    bias=None,
-    temperature=1.0,
-    clamp_fraction=0.0,
-    logit_scale=1.0,
-    final_logit_softcapping=None,
-):
-    """float64, full logits (TRL's logit map: scale, soft-cap, temperature); kept set of the clamp from a full sort
-    (no gradient through the selection)."""
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    z = z * logit_scale
-    if final_logit_softcapping is not None:
-        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
-    z = z / temperature
-    log_z = torch.logsumexp(z, -1)
-    log_probs = z.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    entropy = log_z - (torch.softmax(z, -1) * z).sum(-1)
-    k = math.floor(clamp_fraction * z.shape[-1])
-    if k == 0:
-        return log_probs, entropy, entropy
-    kept = z.detach() > z.detach().sort(-1).values[:, k - 1 : k]
-    z_kept = z.masked_fill(~kept, -math.inf)
-    clamped = torch.logsumexp(z_kept, -1) - (torch.softmax(z_kept, -1) * z.masked_fill(~kept, 0.0)).sum(-1)
-    return log_probs, entropy, clamped
-
-
 def _inputs(dtype=torch.float32, n=16, d=32, vocab=300, seed=0, bias=True):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, d, generator=g, dtype=torch.float64).to(dtype)
@@ -95,7 +65,7 @@ def _check(kernels, hidden, weight, bias, targets, *, used_sets=(OUTPUTS,), rtol
     out = kernels.chunked_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], backend="triton", **kwargs)
     ref_leaves = [t.double().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
     ref_kwargs = {k: v for k, v in kwargs.items() if k in REFERENCE_KWARGS}
-    ref = _reference(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], **ref_kwargs)
+    ref = reference(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], **ref_kwargs)
     for name, a, b in zip(OUTPUTS, out, ref):
         assert a.dtype == torch.float32
         _close(a, b, 1e-5, name)
@@ -211,7 +181,7 @@ def interpreter_checks() -> None:
     out = kernels.chunked_logprob_entropy(h, torch.eye(vocab), targets_hc, clamp_fraction=0.3, backend="triton")
     sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
     z64 = z.double().requires_grad_()
-    ref = _reference(z64, torch.eye(vocab, dtype=torch.float64), targets_hc, clamp_fraction=0.3)
+    ref = reference(z64, torch.eye(vocab, dtype=torch.float64), targets_hc, clamp_fraction=0.3)
     sum((o * (i + 1)).sum() for i, o in enumerate(ref)).backward()
     assert (1 - ref[0].exp()).max() < 2e-7
     for x, y, name in zip(out, ref, OUTPUTS):
