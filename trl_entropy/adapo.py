@@ -11,14 +11,13 @@ binds where ratios leave 1, so ADAPO acts only off-policy (``num_iterations > 1`
 gradient_accumulation_steps``); on-policy its config warns.
 """
 
-import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .base import EntropyGRPOConfig, EntropyGRPOTrainer
 from .controllers import Controller, EntropyTargetController, entropy_direction
 from .repo import validate_entropy_target
-from .validation import is_finite_number, reject_trl_entropy_bonus
+from .validation import is_finite_number, reject_trl_entropy_bonus, warn_if_on_policy
 
 
 @dataclass
@@ -98,15 +97,14 @@ class ADAPOConfig(EntropyGRPOConfig):
         if not (is_finite_number(self.epsilon) and 0 <= self.epsilon < 1):
             raise ValueError(f"epsilon (ADAPO's fixed epsilon_low) must lie in [0, 1), got {self.epsilon!r}.")
         validate_entropy_target("adapo_entropy_target", self.adapo_entropy_target)
-        generate_every = self.steps_per_generation * self.num_iterations
-        if self.gradient_accumulation_steps % generate_every == 0:
-            warnings.warn(
-                "ADAPO with fully on-policy updates (gradient_accumulation_steps is a multiple of "
-                f"steps_per_generation * num_iterations = {generate_every}): every ratio is 1, so the clip never "
-                "binds and epsilon_high, the value ADAPO controls, has no effect; the loss is plain DAPO. Set "
-                "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for ADAPO to act.",
-                stacklevel=3,
-            )
+        warn_if_on_policy(
+            self,
+            "ADAPO",
+            "every ratio is 1, so the clip never binds and epsilon_high, the value ADAPO controls, has no effect; the "
+            "loss is plain DAPO.",
+            "ADAPO to act",
+            stacklevel=3,
+        )
 
 
 def adapo_controller_step(

@@ -33,6 +33,7 @@ from trl.trainer.utils import nanmax, nanmin
 from .controllers import Controller, EntropyControlState
 from .diagnostics import covariance_from_moments, covariance_moments, masked_mean
 from .head import EntropyHeadRequest, install_entropy_head, unsupported_head_reason
+from .validation import warn_if_on_policy
 
 
 # The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.
@@ -94,16 +95,14 @@ class EntropyGRPOConfig(GRPOConfig):
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
         ):
             raise ValueError(f"entropy_kernel_chunk_size must be a positive integer or None, got {chunk_size!r}.")
-        generate_every = self.steps_per_generation * self.num_iterations
         epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high  # None means epsilon
-        clip_changed = (self.epsilon, epsilon_high) != (0.2, 0.2)
-        if clip_changed and not self.controls_clip_range and self.gradient_accumulation_steps % generate_every == 0:
+        if (self.epsilon, epsilon_high) != (0.2, 0.2) and not self.controls_clip_range:
             # The clip-low recipe (Park et al., arXiv:2509.26114) acts through the clip, which on-policy never binds.
-            warnings.warn(
-                f"epsilon={self.epsilon}, epsilon_high={epsilon_high} with fully on-policy updates "
-                f"(gradient_accumulation_steps is a multiple of steps_per_generation * num_iterations = "
-                f"{generate_every}): every ratio is 1, so the clip never binds and the clip range has no effect. Set "
-                "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for it to act.",
+            warn_if_on_policy(
+                self,
+                f"epsilon={self.epsilon}, epsilon_high={epsilon_high}",
+                "every ratio is 1, so the clip never binds and the clip range has no effect.",
+                "it to act",
                 stacklevel=3,
             )
 

@@ -39,6 +39,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
 from .diagnostics import covariance_moments, token_covariance
+from .validation import warn_if_on_policy
 
 
 __all__ = [
@@ -524,17 +525,14 @@ class KLCovTrainer(CovSelectionTrainer):
 
     def __init__(self, *positional, **keyword):
         super().__init__(*positional, **keyword)
-        args = self.args
-        generate_every = args.steps_per_generation * args.num_iterations
-        if args.gradient_accumulation_steps % generate_every == 0:
-            warnings.warn(
-                "KL-Cov with fully on-policy updates (gradient_accumulation_steps is a multiple of "
-                f"steps_per_generation * num_iterations = {generate_every}): ℓ^old = ℓ at every step, so the penalty "
-                "|ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped −A·r. Set num_iterations > 1 or "
-                "steps_per_generation > gradient_accumulation_steps for the penalty to act (the paper makes 8 "
-                "updates per rollout batch).",
-                stacklevel=2,
-            )
+        warn_if_on_policy(
+            self.args,
+            "KL-Cov",
+            "ℓ^old = ℓ at every step, so the penalty |ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped "
+            "−A·r.",
+            "the penalty to act (the paper makes 8 updates per rollout batch)",
+            stacklevel=2,
+        )
 
     def select_tokens(self, cov, mask, clip_active, mode):
         return kl_cov_selection(cov, mask, self.args.kl_cov_ratio)

@@ -1,5 +1,5 @@
-"""Pure functions for the masked statistics every trainer shares (the covariance whose sign predicts the entropy change:
-Cui et al., arXiv:2505.22617, Thm. 1; Petrenko et al., arXiv:2603.11682, Cor. 1)."""
+"""Pure functions for the masked statistics every trainer shares (the covariance whose sign predicts the entropy
+change: Cui et al., arXiv:2505.22617, Thm. 1; Petrenko et al., arXiv:2603.11682, Cor. 1)."""
 
 import torch
 
