@@ -16,12 +16,13 @@ task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds
   never train on), `--num_samples` completions each at the training temperature (`evaluate_pass_at_k`).
 * **Phase 2** (Petrenko et al., "Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §6.3: sequential
   learning). Every phase-1 policy is trained with plain GRPO on task B for `--phase2_steps` (default: the same
-  budget); the table reports held-out pass@1 on task B before and after, and the gain.
+  budget); the table reports its training-reward gain on task B and held-out task-B pass@1 before and after.
 
 Writes `table.md` (both tables), `entropy_collapse.png` (entropy and reward curves of both phases, pass@k against k,
 task-B success before and after phase 2) and `history.json` (every logged value, every run's settings, the torch /
 transformers / trl versions and the git commit) into `--output_dir`, and shows a progress bar. Runs go to
-`--workers` processes (one thread each: the model is tiny). No network; CPU only.
+`--workers` processes (one thread each: the model is tiny). No network; CPU only; about 10 minutes of CPU time, so
+about 5 minutes on two free cores (docs/demo.md has the measurements).
 """
 
 import json
@@ -91,7 +92,7 @@ class DemoArguments:
     )
     full: bool = field(
         default=False,
-        metadata={"help": "The longer run: 3 seeds and pass@k up to k = 32 (about 3.5 times the default's cost)."},
+        metadata={"help": "The longer run: 3 seeds and pass@k up to k = 32 (about three times the cost)."},
     )
     paper_defaults: bool = field(
         default=False,
