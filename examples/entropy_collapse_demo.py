@@ -203,13 +203,7 @@ class StepReporter(TrainerCallback):
 
 def task_training_set(operator: str, num_prompts: int, num_rows: int, seed: int):
     """Task A is the toy recipe's training set; task B is the same construction over subtraction problems."""
-    if operator == TASK_A:
-        return toy_training_set(num_prompts, num_rows, seed=seed)
-    from trl_entropy.toy import build_toy_dataset
-
-    toy_training_set(num_prompts, 1)  # validates num_prompts
-    pool = build_toy_dataset(num_prompts, seed=seed, operators=(operator,))
-    return pool.select([index for _ in range(-(-num_rows // num_prompts)) for index in range(num_prompts)])
+    return toy_training_set(num_prompts, num_rows, seed=seed, operators=(operator,))
 
 
 def held_out_set(operator: str):

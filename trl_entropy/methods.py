@@ -10,6 +10,7 @@ from .aent import AEntConfig, AEntTrainer
 from .base import EntropyGRPOConfig, EntropyGRPOTrainer
 from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer
 from .repo import REPOConfig, REPOTrainer
+from .toy import TOY_OPERATORS
 
 
 __all__ = [
@@ -86,15 +87,16 @@ TOY_TRAINING_DEFAULTS: dict = {
 TOY_NUM_PROMPTS = 16
 
 
-def toy_training_set(num_prompts: int, num_rows: int, seed: int = 0):
-    """The toy training dataset: ``num_prompts`` distinct problems of the toy "train" split (at most 320, drawn with
-    ``seed``), repeated in order up to at least ``num_rows`` rows (the trainer's sampler shuffles them)."""
+def toy_training_set(num_prompts: int, num_rows: int, seed: int = 0, operators: tuple[str, ...] = TOY_OPERATORS):
+    """The toy training dataset: ``num_prompts`` distinct problems of the toy "train" split of the ``operators``'
+    problems (addition by default; at most 320 per operator, drawn with ``seed``), repeated in order up to at least
+    ``num_rows`` rows (the trainer's sampler shuffles them)."""
     from trl_entropy.toy import build_toy_dataset, toy_problems
 
-    available = len(toy_problems("train"))
+    available = len(toy_problems("train", operators))
     if not 1 <= num_prompts <= available:
         raise ValueError(f"num_prompts must be between 1 and {available} (the toy training split), got {num_prompts}")
-    pool = build_toy_dataset(num_prompts, seed=seed)
+    pool = build_toy_dataset(num_prompts, seed=seed, operators=operators)
     repeats = max(1, -(-num_rows // num_prompts))
     return pool.select([index for _ in range(repeats) for index in range(num_prompts)])
 
