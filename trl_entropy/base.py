@@ -12,7 +12,7 @@ It also owns what every controller needs: its statistic summed over the generati
 the optimizer step that ends the cycle, the controller values in the metrics, and the controller state in every
 checkpoint, pushed ones included (restored by ``resume_from_checkpoint``, also in the middle of a cycle). With no hook
 overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
-``use_adaptive_entropy``) included.
+``use_adaptive_entropy``) and a Mixture-of-Experts model's router load-balancing loss included.
 """
 
 import math
