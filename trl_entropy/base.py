@@ -192,7 +192,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
         # and the number of optimizer steps since the last controller update.
         self._cycle_statistics: dict[str, torch.Tensor] = {}
         self._cycle_optimizer_steps = 0
-        self.add_callback(EntropyControlState())  # carries the controller state into every checkpoint
+        self._entropy_control_state = EntropyControlState()  # carries the controller state into every checkpoint
+        self.add_callback(self._entropy_control_state)
 
     # ------------------------------------------------------------------------------------------------------------
     # Hooks
@@ -478,12 +479,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     def _update_controllers(self) -> None:
         """Reduce the cycle's sums across ranks and update every controller identically on each rank."""
-        names = sorted(self._cycle_statistics)
-        totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
+        totals = self._world_cycle_statistics()
         self._cycle_statistics, self._cycle_optimizer_steps = {}, 0
-        means = {}
-        for name, (total, count) in zip(names, totals.tolist(), strict=True):
-            means[name] = total / count if count > 0 else math.nan
+        means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
         step = self.state.global_step + 1  # the optimizer step that ends the cycle
         for controller in self.controllers.values():
             mean = means[controller.statistic]
@@ -496,20 +494,23 @@ class EntropyGRPOTrainer(GRPOTrainer):
                     stacklevel=2,
                 )
 
+    def _world_cycle_statistics(self) -> dict[str, list[float]]:
+        """The current cycle's ``[Σ m·statistic, Σ m]`` per statistic, summed over all ranks (every rank calls it)."""
+        names = sorted(self._cycle_statistics)
+        if not names:
+            return {}
+        totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
+        return dict(zip(names, totals.tolist(), strict=True))
+
     def _entropy_control_snapshot(self) -> dict:
         """The controllers' state and the progress of the current generation cycle, for a checkpoint.
 
         The cycle's partial sums are reduced across ranks here (every rank saves), so the snapshot is the same on every
         rank; on resume process 0 takes them over and the others start from zero, which gives the same world sums.
         """
-        names = sorted(self._cycle_statistics)
-        statistics = {}
-        if names:
-            totals = self.accelerator.reduce(torch.stack([self._cycle_statistics[n] for n in names]), reduction="sum")
-            statistics = dict(zip(names, totals.tolist(), strict=True))
         return {
             "controllers": {name: controller.state_dict() for name, controller in self.controllers.items()},
-            "cycle_statistics": statistics,
+            "cycle_statistics": self._world_cycle_statistics(),
             "cycle_optimizer_steps": self._cycle_optimizer_steps,
             "trl_step": self._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
             "num_processes": self.accelerator.num_processes,
@@ -518,13 +519,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # Everything goes into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub
         # (push_to_hub) as its last step: the snapshot rides in trainer_state.json through the stateful callback.
-        snapshot = self._entropy_control_snapshot()
-        callback = next((c for c in self.callback_handler.callbacks if isinstance(c, EntropyControlState)), None)
-        if callback is None:
-            callback = EntropyControlState()
-            self.add_callback(callback)
-        callback.snapshot = snapshot
-        self.state.stateful_callbacks[type(callback).__name__] = callback.state()  # Trainer updates only known keys
+        state = self._entropy_control_state
+        state.snapshot = self._entropy_control_snapshot()
+        self.state.stateful_callbacks[EntropyControlState.__name__] = state.state()  # Trainer updates only known keys
         if self._step % (self.args.steps_per_generation * self.num_iterations) != 0:
             # Inside a generation cycle: the rest of the cycle trains on the buffered generation batch, which a fresh
             # trainer would otherwise regenerate from the updated policy.
