@@ -19,7 +19,13 @@ setup(
     python_requires=">=3.11",  # TRL 1.16's own requirement
     # `kernels/` ships as `trl_entropy.kernels`, never as a top-level `kernels` module: that name belongs to the
     # Hugging Face `kernels` package, which transformers imports when it is installed.
-    packages=["trl_entropy", "trl_entropy.kernels"],
+    packages=[
+        "trl_entropy",
+        "trl_entropy.core",
+        "trl_entropy.methods",
+        "trl_entropy.evaluation",
+        "trl_entropy.kernels",
+    ],
     package_dir={"trl_entropy": "trl_entropy", "trl_entropy.kernels": "kernels"},
     # Exactly what the library imports. Lower bounds: TRL 1.16's own (accelerate, datasets); torch 2.8 is the first
     # whose Triton (3.4) has `triton.knobs`, which the Triton backend uses. Triton itself is not declared: CUDA builds

@@ -8,7 +8,7 @@ Every run starts from the same toy policy (trl_entropy.toy), warm-started on two
 task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds about a third of the time.
 
 * **Phase 1.** Each run trains on task A (a fixed pool of `--num_prompts` problems) for `--max_steps` optimizer steps
-  with its method and the toy recipe of examples/train.py (`trl_entropy.methods.TOY_TRAINING_DEFAULTS`). A method's
+  with its method and the toy recipe of examples/train.py (`trl_entropy.toy.TOY_TRAINING_DEFAULTS`). A method's
   own settings come from `examples/configs/<run>.yaml` (`--paper_defaults` ignores them). The entropy–reward law
   `R = −a·exp(H) + b` (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
   arXiv:2505.22617, eq. 6) is fitted on the run's logged (entropy, reward) pairs by `EntropyLawCallback`.
@@ -40,14 +40,9 @@ import yaml
 from transformers import PrinterCallback, TrainerCallback
 from trl import TrlParser
 
-from trl_entropy.methods import (
-    METHODS,
-    TOY_NUM_PROMPTS,
-    TOY_TRAINING_DEFAULTS,
-    get_method,
-    hide_known_upstream_noise,
-    toy_training_set,
-)
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
+from trl_entropy.upstream_noise import hide_known_upstream_noise
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

@@ -5,7 +5,7 @@ and a YAML key (`--config file.yaml`); the command line wins over the file. `--h
 first (`--method aent --help` for AEnt's).
 
 The default run needs no network: the built-in toy policy (a tiny model warm-started on arithmetic) on the toy task,
-on a CPU, with the toy recipe of `trl_entropy.methods.TOY_TRAINING_DEFAULTS` (400 steps; docs/demo.md gives the
+on a CPU, with the toy recipe of `trl_entropy.toy.TOY_TRAINING_DEFAULTS` (400 steps; docs/demo.md gives the
 times). `examples/configs/<method>.yaml` holds each method's toy-scale settings (those of the entropy-collapse demo):
 
     python examples/train.py --method aent
@@ -35,13 +35,9 @@ import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.methods import (
-    METHODS,
-    TOY_NUM_PROMPTS,
-    TOY_TRAINING_DEFAULTS,
-    hide_known_upstream_noise,
-    toy_training_set,
-)
+from trl_entropy.methods import METHODS
+from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
+from trl_entropy.upstream_noise import hide_known_upstream_noise
 
 
 INSTRUCTION = " Give the final answer as \\boxed{answer}."

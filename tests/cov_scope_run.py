@@ -28,7 +28,7 @@ import sys
 import torch
 from distributed_run import logged, make_trainer
 
-from trl_entropy.cov import COV_SELECTION_KEY, COV_SELECTION_SCOPES
+from trl_entropy.methods.cov_selection import COV_SELECTION_KEY, COV_SELECTION_SCOPES
 
 
 METHODS = ("clip_cov", "kl_cov")

@@ -1,6 +1,6 @@
 """Gradient accumulation and generation cycles.
 
-Controllers update once per generation cycle (SPEC v2 "Controller statistics and timing"): the last tests train with
+Controllers update once per generation cycle (docs/adding_a_method.md, "Controllers"): the last tests train with
 ``num_iterations = 2``, with ``steps_per_generation = 2 × gradient_accumulation_steps`` and with an optimizer step that
 spans two cycles, and check when the controllers move and what statistic they see.
 
@@ -211,7 +211,7 @@ CYCLES = {
 @pytest.mark.parametrize("setting", sorted(CYCLES))
 @pytest.mark.parametrize("method", ["aent", "repo_r", "adapo"])
 def test_controllers_update_once_per_generation_cycle(method, setting, warm_toy_policy_path, tmp_path):
-    """SPEC v2: the statistic is the token mean over every micro-batch of the cycle; the controller updates once, at
+    """The controllers' timing: the statistic is the token mean over every micro-batch of the cycle; the controller updates once, at
     the optimizer step that ends the cycle (an optimizer step spanning two cycles: at its end), and its value holds in
     between."""
     accumulation, options, update_steps = CYCLES[setting]

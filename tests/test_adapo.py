@@ -10,7 +10,7 @@ import torch
 from conftest import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
+from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -12,17 +12,17 @@ from conftest import loss_and_gradients, make_grpo_batch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
+from trl_entropy.methods.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# References written out from SPEC.md
+# References written out from the paper (arXiv:2509.03493, eq. 4.1; docs/aent.md)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def reference_step(coef, entropy, low, high, lr, coef_min, coef_max):
-    """SPEC: rise by α(H_low − H̄) below the band, fall by α(H̄ − H_high) above it, hold inside; then the box."""
+    """Eq. 4.1: rise by α(H_low − H̄) below the band, fall by α(H̄ − H_high) above it, hold inside; then the box."""
     if entropy < low:
         coef = coef + lr * (low - entropy)
     elif entropy > high:
@@ -220,16 +220,16 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
 
     # One kernel call with clamp fraction p per loss (the clamped entropy comes out of the log-prob pass), and the
     # LM head's forward (the full logits) never runs.
-    import trl_entropy.head
+    import trl_entropy.core.head
 
     kernel_calls, head_calls = [], []
-    kernel = trl_entropy.head.chunked_logprob_entropy
+    kernel = trl_entropy.core.head.chunked_logprob_entropy
 
     def spy(*args, **kwargs):
         kernel_calls.append(kwargs["clamp_fraction"])
         return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(trl_entropy.head, "chunked_logprob_entropy", spy)
+    monkeypatch.setattr(trl_entropy.core.head, "chunked_logprob_entropy", spy)
     hook = ours.model.get_output_embeddings().register_forward_hook(lambda *args: head_calls.append(1))
     our_loss, our_grads = loss_and_gradients(ours, inputs)  # the last micro-batch of a cycle: λ moves afterwards
     hook.remove()

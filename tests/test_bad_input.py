@@ -27,8 +27,8 @@ from trl_entropy import (
     KLCovConfig,
     REPOConfig,
 )
-from trl_entropy.aent import aent_coefficient_step
 from trl_entropy.methods import METHODS, get_method
+from trl_entropy.methods.aent import aent_coefficient_step
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
 
 

@@ -12,8 +12,8 @@ from conftest import make_grpo_batch
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
-from trl_entropy.diagnostics import covariance_from_moments, covariance_moments, token_covariance
-from trl_entropy.head import install_entropy_head
+from trl_entropy.core.head import install_entropy_head
+from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
 
 
@@ -298,7 +298,8 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
     assert not any(name.startswith("kernels/") for name in names), (
         "a top-level `kernels` module would shadow HF kernels"
     )
-    assert "trl_entropy/base.py" in names
+    for package in ("core", "methods", "evaluation"):  # every subpackage ships
+        assert f"trl_entropy/{package}/__init__.py" in names
 
 
 def installed_closure(requirements) -> set[str]:

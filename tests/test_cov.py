@@ -1,5 +1,5 @@
-"""Clip-Cov and KL-Cov (SPEC.md "Clip-Cov", "KL-Cov", "Covariance selection over the generation batch"), checked
-against an independent implementation of the SPEC.
+"""Clip-Cov and KL-Cov (arXiv:2505.22617, §4.2, eqs. 10–14; docs/clip_cov.md, docs/kl_cov.md, including the selection
+over the generation batch), checked against an independent implementation of the paper's formulas.
 
 The reference below selects tokens with plain-Python loops over float64 values and computes the loss from the
 model's full logits in float64 (a fresh copy of the model loaded in float64), so neither the kernel, the base trainer
@@ -21,22 +21,17 @@ from distributed_run import finish, launch_two_processes, make_trainer
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.cov import (
+from trl_entropy.core.objectives import ppo_clip_active
+from trl_entropy.core.statistics import covariance_moments, pooled_covariance
+from trl_entropy.methods.clip_cov import (
     CLIP_COV_GENERATOR_FILE,
-    COV_SELECTION_KEY,
-    COV_SELECTION_SCOPES,
     ClipCovConfig,
     ClipCovTrainer,
-    KLCovConfig,
-    KLCovTrainer,
     clip_cov_selection,
     generation_batch_seed,
-    kl_cov_selection,
-    pooled_covariance,
-    ppo_clip_active,
-    selection_count,
 )
-from trl_entropy.diagnostics import covariance_moments
+from trl_entropy.methods.cov_selection import COV_SELECTION_KEY, COV_SELECTION_SCOPES, selection_count
+from trl_entropy.methods.kl_cov import KLCovConfig, KLCovTrainer, kl_cov_selection
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -47,7 +42,7 @@ EPSILON = 0.2  # GRPOConfig's default, the paper's ε
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The independent reference (SPEC.md, written out)
+# The independent reference (the paper's eqs. 10–14 and docs/clip_cov.md, docs/kl_cov.md, written out)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -83,7 +78,7 @@ def reference_aggregate(per_token, mask, loss_type, inputs, max_completion_lengt
 
 
 class Reference:
-    """Float64 log-probs of a micro-batch from a float64 copy of the model, and the SPEC's per-token quantities."""
+    """Float64 log-probs of a micro-batch from a float64 copy of the model, and the paper's per-token quantities."""
 
     def __init__(self, path, inputs, temperature=1.0):
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
@@ -480,7 +475,7 @@ def window_around(values, low_index, high_index):
 
 
 def clip_cov_reference(reference, lb, ub):
-    """The candidate set of the SPEC: valid, clip not active, lb < Cov < ub (plain Python over float64)."""
+    """The candidate set of eq. 11: valid, clip not active, lb < Cov < ub (plain Python over float64)."""
     for i, t in reference.valid:
         for bound in (1 - EPSILON, 1 + EPSILON):
             assert abs(reference.ratio_list[i][t] - bound) > 1e-5, "fp32 and fp64 could disagree on the clip"

@@ -20,7 +20,8 @@ import yaml
 from conftest import TOY_CACHE
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.methods import METHODS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, get_method, toy_training_set
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from distributed_run import logged, make_trainer
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
-import trl_entropy.head
+import trl_entropy.core.head
 from trl_entropy.methods import METHODS
 
 
@@ -50,8 +50,8 @@ def probe_batch(tokenizer):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_lora_adapter_trains_saves_and_reloads(method, warm_toy_policy_path, toy_tokenizer, tmp_path, monkeypatch):
-    counter = KernelCalls(trl_entropy.head.chunked_logprob_entropy)
-    monkeypatch.setattr(trl_entropy.head, "chunked_logprob_entropy", counter)
+    counter = KernelCalls(trl_entropy.core.head.chunked_logprob_entropy)
+    monkeypatch.setattr(trl_entropy.core.head, "chunked_logprob_entropy", counter)
     trainer = make_trainer(
         method,
         warm_toy_policy_path,

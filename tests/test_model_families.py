@@ -14,7 +14,7 @@ from test_base_parity import assert_same_step, build_pair
 from transformers import AutoModelForCausalLM, Gemma2Config, GraniteConfig, MixtralConfig
 
 from trl_entropy import AEntConfig, AEntTrainer
-from trl_entropy.head import EntropyHeadRequest, logit_transform
+from trl_entropy.core.head import EntropyHeadRequest, logit_transform
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -85,7 +85,7 @@ def test_logit_transform_is_read_as_trl_reads_it():
 
 
 def naive_clamped_entropy(logits: torch.Tensor, clamp_fraction: float) -> torch.Tensor:
-    """SPEC AEnt: drop the floor(p·V) smallest logits, entropy of the softmax over the rest (float64)."""
+    """AEnt's clamped entropy (arXiv:2509.03493; docs/aent.md): drop the floor(p·V) smallest logits, entropy of the softmax over the rest (float64)."""
     logits = logits.double()
     vocab = logits.size(-1)
     kept = logits.topk(vocab - math.floor(clamp_fraction * vocab), dim=-1).values

@@ -1,5 +1,5 @@
 """REPO-D and REPO-R: per-token advantages, the entropy-bonus equivalence, the β controller, the trainer's loss and
-gradients against trl.GRPOTrainer fed the SPEC's advantages. Checkpoints: tests/test_resume.py; accumulation and cycle
+gradients against trl.GRPOTrainer fed the paper's advantages. Checkpoints: tests/test_resume.py; accumulation and cycle
 timing: tests/test_accumulation.py; invalid config values: tests/test_bad_input.py."""
 
 import json
@@ -19,7 +19,7 @@ from conftest import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.repo import REPOConfig, REPOController, REPOTrainer, repo_advantages
+from trl_entropy.methods.repo import REPOConfig, REPOController, REPOTrainer, repo_advantages
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ ENTROPIES = [[0.3, 1.2, 0.8], [2.0, 0.1, 0.9], [0.5, 3.0, 0.2]]
 
 
 def spec_repo_advantage(advantage, log_prob, entropy, beta, variant, centering, keep_sign):
-    """SPEC v2, REPO: A' = A − β ζ; ζ = ℓ^s − c (D) or |A|(ℓ^s − c) (R), c = 0 or −H; REPO-R written as
+    """REPO (arXiv:2603.11682, §5.1, App. D.2; docs/repo.md): A' = A − β ζ; ζ = ℓ^s − c (D) or |A|(ℓ^s − c) (R), c = 0 or −H; REPO-R written as
     A(1 − β sign(A)(ℓ^s − c)) with the factor clamped at 0 when the sign is kept."""
     centred = log_prob - (0.0 if centering == "none" else -entropy)
     if variant == "D":
@@ -182,7 +182,7 @@ def test_repo_d_expected_gradient_is_grpo_plus_entropy_bonus(centering):
 
 
 def spec_beta_update(beta, entropy, target, beta_min, beta_max):
-    """SPEC v2, REPO controller, written out: d = +1 below the target, −1 above, 0 on it (no change). β doubles if
+    """REPO's controller (arXiv:2603.11682, §5.1; docs/repo.md), written out: d = +1 below the target, −1 above, 0 on it (no change). β doubles if
     sign(β) = d; otherwise it halves, and becomes d·β_min if then |β| < β_min. Finally |β| is capped at β_max."""
     d = 1 if entropy < target else (-1 if entropy > target else 0)
     if d == 0:
@@ -237,12 +237,12 @@ def test_controller_measures_its_target_on_the_first_cycle_and_round_trips():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Trainer: loss and gradients against trl.GRPOTrainer fed the SPEC's advantages, the first cycle's target
+# Trainer: loss and gradients against trl.GRPOTrainer fed the paper's advantages, the first cycle's target
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def spec_advantages(model, inputs, beta, variant, centering, keep_sign, sampled_log_probs=None):
-    """The SPEC's A'_t in float64, ℓ^s being this forward pass's log-prob (the float64 model's) unless given."""
+    """The paper's A'_t in float64, ℓ^s being this forward pass's log-prob (the float64 model's) unless given."""
     if sampled_log_probs is None:
         sampled_log_probs = naive_log_probs(model, inputs)
     entropy = naive_entropy(model, inputs)

@@ -20,10 +20,10 @@ import pytest
 import torch
 from distributed_run import ControllerRecorder, finish, launch_two_processes, logged, make_trainer
 
-from trl_entropy.base import GENERATION_BATCH_FILE
-from trl_entropy.controllers import EntropyControlState
-from trl_entropy.cov import CLIP_COV_GENERATOR_FILE
+from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
+from trl_entropy.core.control import EntropyControlState
 from trl_entropy.methods import METHODS
+from trl_entropy.methods.clip_cov import CLIP_COV_GENERATOR_FILE
 
 
 HERE = Path(__file__).resolve().parent

@@ -6,11 +6,10 @@ from ._compat import check_trl_version
 check_trl_version()
 
 # The imports below come after the TRL version check on purpose.
-from .adapo import ADAPOConfig, ADAPOController, ADAPOTrainer  # noqa: E402
-from .aent import AEntConfig, AEntController, AEntTrainer  # noqa: E402
-from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer  # noqa: E402
-from .controllers import Controller  # noqa: E402
-from .cov import ClipCovConfig, ClipCovTrainer, KLCovConfig, KLCovTrainer  # noqa: E402
+from .core.batch import CompletionBatch  # noqa: E402
+from .core.config import EntropyGRPOConfig  # noqa: E402
+from .core.control import Controller  # noqa: E402
+from .core.trainer import EntropyGRPOTrainer  # noqa: E402
 from .evaluation import (  # noqa: E402
     EntropyLaw,
     EntropyLawCallback,
@@ -20,7 +19,11 @@ from .evaluation import (  # noqa: E402
     pass_at_k,
     pass_at_k_values,
 )
-from .repo import REPOConfig, REPOController, REPOTrainer  # noqa: E402
+from .methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer  # noqa: E402
+from .methods.aent import AEntConfig, AEntController, AEntTrainer  # noqa: E402
+from .methods.clip_cov import ClipCovConfig, ClipCovTrainer  # noqa: E402
+from .methods.kl_cov import KLCovConfig, KLCovTrainer  # noqa: E402
+from .methods.repo import REPOConfig, REPOController, REPOTrainer  # noqa: E402
 
 
 __version__ = "0.1.0"

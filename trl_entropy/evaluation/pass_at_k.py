@@ -1,22 +1,17 @@
-"""What entropy control buys, measured: pass@k on held-out prompts and the entropy–reward law, for any GRPO trainer.
+"""pass@k on held-out prompts, for any GRPO trainer.
 
 * :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al., "Evaluating Large Language Models Trained on
   Code", arXiv:2107.03374: ``1 − C(n − c, k) / C(n, k)`` for ``c`` correct samples out of ``n``.
 * :func:`evaluate_pass_at_k` and :class:`PassAtKCallback`: sample ``n`` completions per held-out prompt with the
   trainer's own generation path and settings, score them with its reward functions, log ``eval/pass@k``.
-* :func:`fit_entropy_law` and :class:`EntropyLawCallback`: the law ``R = −a·exp(H) + b`` of Cui et al., "The Entropy
-  Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, eq. 6, fitted on the logged
-  (entropy, reward) pairs; its predicted ceiling ``R(H = 0) = b − a`` is what the policy reaches once its entropy is
-  spent.
 
-Both callbacks work with ``trl.GRPOTrainer`` and every trainer of this library (they use only what TRL's trainer has).
+The callback works with ``trl.GRPOTrainer`` and every trainer of this library (it uses only what TRL's trainer has).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -24,23 +19,10 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 
-__all__ = [
-    "EntropyLaw",
-    "EntropyLawCallback",
-    "PassAtKCallback",
-    "evaluate_pass_at_k",
-    "fit_entropy_law",
-    "pass_at_k",
-    "pass_at_k_values",
-]
+__all__ = ["PassAtKCallback", "evaluate_pass_at_k", "pass_at_k", "pass_at_k_values"]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# pass@k
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _as_count(value, name: str) -> int:
+def as_count(value, name: str) -> int:
     """``value`` as an int; a bool, a non-number or a number with a fractional part is a ValueError naming it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -83,7 +65,7 @@ def pass_at_k(num_samples, num_correct, k):
     """
     arguments = {"num_samples": num_samples, "num_correct": num_correct, "k": k}
     if not any(_is_array(value) for value in arguments.values()):
-        n, c, kk = (_as_count(value, name) for name, value in arguments.items())
+        n, c, kk = (as_count(value, name) for name, value in arguments.items())
         return _pass_at_k_exact(n, c, kk)
     device = next((value.device for value in arguments.values() if isinstance(value, torch.Tensor)), None)
     arrays = {}
@@ -99,9 +81,7 @@ def pass_at_k(num_samples, num_correct, k):
         raise ValueError(f"num_samples, num_correct and k must broadcast together, got shapes {shapes}") from error
     result = np.empty(n_array.shape, dtype=np.float64)
     for index in np.ndindex(n_array.shape):
-        n, c, kk = (
-            _as_count(array[index].item(), name) for name, array in zip(arguments, (n_array, c_array, k_array))
-        )
+        n, c, kk = (as_count(array[index].item(), name) for name, array in zip(arguments, (n_array, c_array, k_array)))
         result[index] = _pass_at_k_exact(n, c, kk)
     if device is not None:
         return torch.from_numpy(result).to(device)
@@ -111,7 +91,7 @@ def pass_at_k(num_samples, num_correct, k):
 def pass_at_k_values(num_samples: int) -> list[int]:
     """The ``k`` that an evaluation with ``num_samples`` samples per prompt reports: the powers of two up to
     ``num_samples``, and ``num_samples`` itself."""
-    num_samples = _as_count(num_samples, "num_samples")
+    num_samples = as_count(num_samples, "num_samples")
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     ks = [2**i for i in range(num_samples.bit_length()) if 2**i <= num_samples]
@@ -160,8 +140,8 @@ def evaluate_pass_at_k(
     """
     from trl.data_utils import is_conversational
 
-    num_samples = _as_count(num_samples, "num_samples")
-    ks = pass_at_k_values(num_samples) if ks is None else [_as_count(k, "ks") for k in ks]
+    num_samples = as_count(num_samples, "num_samples")
+    ks = pass_at_k_values(num_samples) if ks is None else [as_count(k, "ks") for k in ks]
     for k in ks:
         if not 1 <= k <= num_samples:
             raise ValueError(f"ks must lie between 1 and num_samples ({num_samples}), got {k}")
@@ -240,7 +220,7 @@ class PassAtKCallback(TrainerCallback):
                 "dataset must be given (a dataset of held-out prompts) when the trainer has no eval_dataset or a dict "
                 "of several"
             )
-        num_samples = _as_count(num_samples, "num_samples")
+        num_samples = as_count(num_samples, "num_samples")
         if num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {num_samples}")
         if not math.isfinite(reward_threshold):
@@ -263,122 +243,3 @@ class PassAtKCallback(TrainerCallback):
         )
         # Trainer.log, not the GRPO trainer's override: that one would also flush the metrics it is accumulating.
         Trainer.log(self.trainer, {f"eval/pass@{k}": value for k, value in values.items()})
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The entropy–reward law R = −a·exp(H) + b
-# ---------------------------------------------------------------------------------------------------------------------
-
-# A fit needs this many (entropy, reward) points, and this spread of exp(H): the standard deviation of exp(H) over
-# its mean, which is about the standard deviation of H in nats. Below it the points sit at one entropy and the slope
-# `a` is the noise of the rewards divided by almost nothing.
-ENTROPY_LAW_MIN_POINTS = 10
-ENTROPY_LAW_MIN_RELATIVE_SPREAD = 0.01
-
-
-@dataclass(frozen=True)
-class EntropyLaw:
-    """``R = −a·exp(H) + b`` (Cui et al., arXiv:2505.22617, eq. 6) fitted on ``num_points`` logged points."""
-
-    a: float
-    b: float
-    num_points: int
-
-    @property
-    def ceiling(self) -> float:
-        """The predicted reward once the entropy is spent, ``R(H = 0) = b − a``."""
-        return self.b - self.a
-
-    def predict(self, entropy):
-        """The law's reward at ``entropy`` (a float or an array)."""
-        return self.b - self.a * np.exp(entropy)
-
-
-def fit_entropy_law(
-    entropies,
-    rewards,
-    *,
-    min_points: int = ENTROPY_LAW_MIN_POINTS,
-    min_relative_spread: float = ENTROPY_LAW_MIN_RELATIVE_SPREAD,
-) -> EntropyLaw | None:
-    """Least-squares fit of ``R = −a·exp(H) + b`` (linear in ``x = exp(H)``) to paired ``entropies`` and
-    ``rewards``; ``None`` when the fit is not well posed.
-
-    Well posed means: at least ``min_points`` finite pairs (non-finite pairs are dropped), and ``std(x) / mean(x)
-    >= min_relative_spread`` (about the standard deviation of ``H`` in nats; 0.01 by default). With every point at
-    one entropy the slope is undetermined, and with a tiny spread it is the reward noise divided by that spread.
-    """
-    entropies = np.asarray(entropies, dtype=np.float64).ravel()
-    rewards = np.asarray(rewards, dtype=np.float64).ravel()
-    if entropies.shape != rewards.shape:
-        raise ValueError(f"entropies and rewards must pair up, got {entropies.size} and {rewards.size} values")
-    finite = np.isfinite(entropies) & np.isfinite(rewards)
-    x, y = np.exp(entropies[finite]), rewards[finite]
-    if x.size < min_points or not np.all(np.isfinite(x)):
-        return None
-    if x.std() < min_relative_spread * x.mean():
-        return None
-    centred = x - x.mean()
-    slope = float(np.dot(centred, y - y.mean()) / np.dot(centred, centred))
-    return EntropyLaw(a=-slope, b=float(y.mean() - slope * x.mean()), num_points=int(x.size))
-
-
-class EntropyLawCallback(TrainerCallback):
-    """Fits the entropy–reward law on the training log and logs ``entropy/law_a``, ``entropy/law_b`` and
-    ``entropy/predicted_ceiling`` (``b − a``).
-
-    After every training log that holds both ``entropy_key`` and ``reward_key``, it refits
-    :func:`fit_entropy_law` on every such entry of ``trainer.state.log_history`` (so a resumed run keeps its earlier
-    points) and, once the fit is well posed, logs the three values as their own entry at the same step. Before that
-    it logs nothing. Works with ``trl.GRPOTrainer`` and every trainer of this library::
-
-        trainer.add_callback(EntropyLawCallback(trainer))
-
-    Each logged point is a logging window's mean entropy and mean reward, so ``logging_steps`` sets how many points
-    a run gives.
-    """
-
-    def __init__(
-        self,
-        trainer,
-        entropy_key: str = "entropy",
-        reward_key: str = "reward",
-        min_points: int = ENTROPY_LAW_MIN_POINTS,
-        min_relative_spread: float = ENTROPY_LAW_MIN_RELATIVE_SPREAD,
-    ):
-        min_points = _as_count(min_points, "min_points")
-        if min_points < 2:
-            raise ValueError(f"min_points must be at least 2 (a line needs two points), got {min_points}")
-        if not min_relative_spread > 0:
-            raise ValueError(f"min_relative_spread must be positive, got {min_relative_spread}")
-        self.trainer = trainer
-        self.entropy_key = entropy_key
-        self.reward_key = reward_key
-        self.min_points = min_points
-        self.min_relative_spread = min_relative_spread
-        self._points: list[tuple[float, float]] = []
-        self._scanned = 0  # entries of state.log_history already read
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._points, self._scanned = [], 0  # a resumed run has reloaded its log: read it again from the start
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or self.entropy_key not in logs or self.reward_key not in logs:
-            return
-        if len(state.log_history) < self._scanned:  # a new log (another run, or a resumed one reloaded it)
-            self._points, self._scanned = [], 0
-        for entry in state.log_history[self._scanned :]:  # only the entries added since the last call
-            if entry.get(self.entropy_key) is not None and entry.get(self.reward_key) is not None:
-                self._points.append((entry[self.entropy_key], entry[self.reward_key]))
-        self._scanned = len(state.log_history)
-        law = fit_entropy_law(
-            [entropy for entropy, _ in self._points],
-            [reward for _, reward in self._points],
-            min_points=self.min_points,
-            min_relative_spread=self.min_relative_spread,
-        )
-        if law is not None:
-            Trainer.log(
-                self.trainer,
-                {"entropy/law_a": law.a, "entropy/law_b": law.b, "entropy/predicted_ceiling": law.ceiling},
-            )

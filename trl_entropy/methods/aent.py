@@ -21,10 +21,11 @@ from typing import ClassVar
 
 import torch
 
-from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
-from .controllers import Controller
-from .diagnostics import masked_mean
-from .validation import is_finite_number, reject_trl_entropy_bonus
+from ..core.batch import CompletionBatch
+from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus
+from ..core.control import Controller
+from ..core.statistics import masked_mean
+from ..core.trainer import EntropyGRPOTrainer
 
 
 __all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]

@@ -14,10 +14,49 @@ gradient_accumulation_steps``); on-policy its config warns.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .base import EntropyGRPOConfig, EntropyGRPOTrainer
-from .controllers import Controller, EntropyTargetController, entropy_direction
-from .repo import validate_entropy_target
-from .validation import is_finite_number, reject_trl_entropy_bonus, warn_if_on_policy
+from ..core.config import (
+    EntropyGRPOConfig,
+    is_finite_number,
+    reject_trl_entropy_bonus,
+    validate_entropy_target,
+    warn_if_on_policy,
+)
+from ..core.control import Controller, EntropyTargetController, entropy_direction
+from ..core.trainer import EntropyGRPOTrainer
+
+
+def adapo_controller_step(
+    epsilon_high: float, mean_entropy: float, target: float, delta: float, minimum: float, maximum: float
+) -> float:
+    """One update of ADAPO's controller (arXiv:2603.11682, §5.2).
+
+    ``ε_high + δ`` if the mean entropy is below the target (allow more entropy increase), ``ε_high − δ`` if above
+    (limit it), unchanged if equal; then clamped to ``[minimum, maximum]``.
+    """
+    epsilon_high = epsilon_high + entropy_direction(mean_entropy, target) * delta
+    return min(max(epsilon_high, minimum), maximum)
+
+
+class ADAPOController(EntropyTargetController):
+    """Moves ε_high so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
+
+    name = "adapo"
+    value_name = "epsilon_high"
+
+    def __init__(
+        self, epsilon_high: float, delta: float, minimum: float, maximum: float, entropy_target: float | None = None
+    ):
+        super().__init__(epsilon_high, entropy_target)
+        self.delta = float(delta)
+        self.minimum = float(minimum)
+        self.maximum = float(maximum)
+
+    @property
+    def epsilon_high(self) -> float:
+        return self.value
+
+    def step(self, value: float, mean_entropy: float, target: float) -> float:
+        return adapo_controller_step(value, mean_entropy, target, self.delta, self.minimum, self.maximum)
 
 
 @dataclass
@@ -40,7 +79,6 @@ class ADAPOConfig(EntropyGRPOConfig):
 
     supported_loss_types: ClassVar[tuple[str, ...]] = ("dapo",)
     controls_clip_range: ClassVar[bool] = True  # ADAPO warns about on-policy training itself, in its own words
-    controls_clip_range: ClassVar[bool] = True
 
     epsilon_high: float | None = field(
         default=0.28,
@@ -105,40 +143,6 @@ class ADAPOConfig(EntropyGRPOConfig):
             "ADAPO to act",
             stacklevel=3,
         )
-
-
-def adapo_controller_step(
-    epsilon_high: float, mean_entropy: float, target: float, delta: float, minimum: float, maximum: float
-) -> float:
-    """One update of ADAPO's controller (arXiv:2603.11682, §5.2).
-
-    ``ε_high + δ`` if the mean entropy is below the target (allow more entropy increase), ``ε_high − δ`` if above
-    (limit it), unchanged if equal; then clamped to ``[minimum, maximum]``.
-    """
-    epsilon_high = epsilon_high + entropy_direction(mean_entropy, target) * delta
-    return min(max(epsilon_high, minimum), maximum)
-
-
-class ADAPOController(EntropyTargetController):
-    """Moves ε_high so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
-
-    name = "adapo"
-    value_name = "epsilon_high"
-
-    def __init__(
-        self, epsilon_high: float, delta: float, minimum: float, maximum: float, entropy_target: float | None = None
-    ):
-        super().__init__(epsilon_high, entropy_target)
-        self.delta = float(delta)
-        self.minimum = float(minimum)
-        self.maximum = float(maximum)
-
-    @property
-    def epsilon_high(self) -> float:
-        return self.value
-
-    def step(self, value: float, mean_entropy: float, target: float) -> float:
-        return adapo_controller_step(value, mean_entropy, target, self.delta, self.minimum, self.maximum)
 
 
 class ADAPOTrainer(EntropyGRPOTrainer):

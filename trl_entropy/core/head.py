@@ -11,14 +11,20 @@ soft-capped (``final_logit_softcapping``) as the model does it, both read the wa
 The LM-head weight is made whole for the kernel: a DTensor (FSDP2) through ``full_tensor()``, a ZeRO-3 partition
 through TRL's ``maybe_gather_lm_head_ctx`` (the kernel gathers it again in its recomputing backward). For a
 Mixture-of-Experts model the forward also returns the router load-balancing loss, computed as TRL computes it.
+
+:func:`score_completions` is how the trainer scores: every forward of the loss step, the rollout and the reference
+log-probs goes through it, so the on-policy ratio is exactly 1.
 """
 
+import contextlib
 import functools
 import types
 from dataclasses import dataclass
 
 import torch
+import transformers
 from torch.distributed.tensor import DTensor, Partial
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import ModelOutput
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
@@ -172,3 +178,49 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         )
 
     model.forward = types.MethodType(forward, model)
+
+
+@dataclass
+class ScoredCompletions:
+    """Per-token statistics of the completions, ``(B, T)``, and the MoE router loss when it was asked for."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor
+    clamped_entropy: torch.Tensor | None
+    router_loss: torch.Tensor | None
+
+
+def score_completions(
+    model, input_ids, attention_mask, request: EntropyHeadRequest, batch_size: int | None = None, autocast=None
+) -> ScoredCompletions:
+    """Run the entropy head over ``input_ids`` in slices of ``batch_size`` rows (all at once when None), under
+    ``autocast`` (a context manager factory, e.g. the accelerator's). The router loss is averaged over the slices, as
+    TRL averages it over its forward passes."""
+    batch_size = batch_size or input_ids.size(0)
+    outputs = []
+    for start in range(0, input_ids.size(0), batch_size):
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            outputs.append(
+                model(
+                    input_ids=input_ids[start : start + batch_size],
+                    attention_mask=attention_mask[start : start + batch_size],
+                    entropy_head=request,
+                )
+            )
+    return ScoredCompletions(
+        log_probs=torch.cat([o.log_probs for o in outputs]),
+        entropy=torch.cat([o.entropy for o in outputs]),
+        clamped_entropy=torch.cat([o.clamped_entropy for o in outputs]) if request.clamp_fraction > 0 else None,
+        router_loss=torch.stack([o.aux_loss for o in outputs]).mean() if request.compute_aux_loss else None,
+    )
+
+
+def weightless_model(name_or_path: str, trust_remote_code: bool = False):
+    """The model TRL would load for ``name_or_path`` (the class its config names), built on the meta device: the
+    same checks as an instance, without loading weights."""
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    architecture = getattr(transformers, (config.architectures or [""])[0], None) or AutoModelForCausalLM
+    with torch.device("meta"):
+        if architecture is AutoModelForCausalLM:
+            return architecture.from_config(config, trust_remote_code=trust_remote_code)
+        return architecture(config)

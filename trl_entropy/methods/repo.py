@@ -22,22 +22,96 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import CompletionBatch, EntropyGRPOConfig, EntropyGRPOTrainer
-from .controllers import Controller, EntropyTargetController, entropy_direction
-from .validation import is_finite_number, reject_trl_entropy_bonus
+from ..core.batch import CompletionBatch
+from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus, validate_entropy_target
+from ..core.control import Controller, EntropyTargetController, entropy_direction
+from ..core.trainer import EntropyGRPOTrainer
 
 
 REPO_VARIANTS = ("R", "D")
 REPO_CENTERINGS = ("none", "entropy")
 
 
-def validate_entropy_target(name: str, value) -> None:
-    """A method's entropy target: a positive finite number of nats, or None (measured on the first cycle)."""
-    if value is not None and not (is_finite_number(value) and value > 0):
-        raise ValueError(
-            f"{name} must be a positive finite number of nats, or None to measure it on the first generation cycle; "
-            f"got {value!r}."
-        )
+def repo_advantages(
+    advantages: torch.Tensor,
+    sampled_log_probs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    beta: float,
+    variant: str,
+    centering: str = "none",
+    keep_sign: bool = True,
+) -> torch.Tensor:
+    """REPO's per-token advantages ``A'_t = A_t − β · ζ_t`` (arXiv:2603.11682, §5.1, App. D.2).
+
+    Args:
+        advantages: ``(B, 1)`` (or ``(B,)``) per-sequence advantages ``A``.
+        sampled_log_probs: ``(B, T)`` log-probs of the sampled tokens ``ℓ^s_t`` (detached here).
+        entropy: ``(B, T)`` full entropies ``H_t`` (detached here); needed only for ``centering="entropy"``.
+        beta: the coefficient β.
+        variant: ``"D"`` (``ζ_t = ℓ^s_t − c_t``) or ``"R"`` (``ζ_t = |A_t| (ℓ^s_t − c_t)``).
+        centering: ``"none"`` (``c_t = 0``) or ``"entropy"`` (``c_t = −H_t``).
+        keep_sign: REPO-R only: write ``A'_t = A_t · max(0, 1 − β · sign(A_t)(ℓ^s_t − c_t))``, so ``A'_t`` never has
+            the opposite sign of ``A_t``; ``False`` drops the ``max``.
+
+    Returns:
+        ``(B, T)`` advantages; nothing in them carries a gradient.
+    """
+    if variant not in REPO_VARIANTS:
+        raise ValueError(f"variant must be one of {list(REPO_VARIANTS)}, got {variant!r}.")
+    if centering not in REPO_CENTERINGS:
+        raise ValueError(f"centering must be one of {list(REPO_CENTERINGS)}, got {centering!r}.")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    advantages = advantages.detach()
+    centred = sampled_log_probs.detach()
+    if centering == "entropy":
+        if entropy is None:
+            raise ValueError("centering='entropy' needs the per-token entropy, got entropy=None.")
+        centred = centred + entropy.detach()  # ℓ^s_t − c_t with c_t = −H_t
+    if variant == "D":
+        return advantages - beta * centred
+    factor = 1 - beta * torch.sign(advantages) * centred  # A − β|A|x = A(1 − β sign(A) x)
+    if keep_sign:
+        factor = factor.clamp(min=0)
+    return advantages * factor
+
+
+def repo_controller_step(beta: float, mean_entropy: float, target: float, beta_min: float, beta_max: float) -> float:
+    """One update of REPO's β controller (arXiv:2603.11682, §5.1 steps 1–4; App. D.2 as re-implemented publicly).
+
+    ``d = +1`` if the mean entropy is below the target, ``−1`` if above; ``d = 0`` leaves β unchanged. If β already
+    pushes the wanted way (``sign(β) = d``) it doubles; otherwise it halves, and if then ``|β| < β_min`` it flips to
+    ``d · β_min`` (so a controller at ``β = 0`` starts at ``d · β_min``). Finally ``|β|`` is capped at ``β_max``.
+    """
+    direction = entropy_direction(mean_entropy, target)
+    if direction == 0:
+        return beta
+    if beta * direction > 0:
+        beta = 2 * beta
+    else:
+        beta = beta / 2
+        if abs(beta) < beta_min:
+            beta = direction * beta_min
+    return min(max(beta, -beta_max), beta_max)
+
+
+class REPOController(EntropyTargetController):
+    """Moves β so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
+
+    name = "repo"
+    value_name = "beta"
+
+    def __init__(self, beta: float, beta_min: float, beta_max: float, entropy_target: float | None = None):
+        super().__init__(beta, entropy_target)
+        self.beta_min = float(beta_min)
+        self.beta_max = float(beta_max)
+
+    @property
+    def beta(self) -> float:
+        return self.value
+
+    def step(self, value: float, mean_entropy: float, target: float) -> float:
+        return repo_controller_step(value, mean_entropy, target, self.beta_min, self.beta_max)
 
 
 @dataclass
@@ -142,88 +216,6 @@ class REPOConfig(EntropyGRPOConfig):
         validate_entropy_target("repo_entropy_target", self.repo_entropy_target)
         if not isinstance(self.repo_keep_advantage_sign, bool):
             raise ValueError(f"repo_keep_advantage_sign must be a bool, got {self.repo_keep_advantage_sign!r}.")
-
-
-def repo_advantages(
-    advantages: torch.Tensor,
-    sampled_log_probs: torch.Tensor,
-    entropy: torch.Tensor | None,
-    beta: float,
-    variant: str,
-    centering: str = "none",
-    keep_sign: bool = True,
-) -> torch.Tensor:
-    """REPO's per-token advantages ``A'_t = A_t − β · ζ_t`` (arXiv:2603.11682, §5.1, App. D.2).
-
-    Args:
-        advantages: ``(B, 1)`` (or ``(B,)``) per-sequence advantages ``A``.
-        sampled_log_probs: ``(B, T)`` log-probs of the sampled tokens ``ℓ^s_t`` (detached here).
-        entropy: ``(B, T)`` full entropies ``H_t`` (detached here); needed only for ``centering="entropy"``.
-        beta: the coefficient β.
-        variant: ``"D"`` (``ζ_t = ℓ^s_t − c_t``) or ``"R"`` (``ζ_t = |A_t| (ℓ^s_t − c_t)``).
-        centering: ``"none"`` (``c_t = 0``) or ``"entropy"`` (``c_t = −H_t``).
-        keep_sign: REPO-R only: write ``A'_t = A_t · max(0, 1 − β · sign(A_t)(ℓ^s_t − c_t))``, so ``A'_t`` never has
-            the opposite sign of ``A_t``; ``False`` drops the ``max``.
-
-    Returns:
-        ``(B, T)`` advantages; nothing in them carries a gradient.
-    """
-    if variant not in REPO_VARIANTS:
-        raise ValueError(f"variant must be one of {list(REPO_VARIANTS)}, got {variant!r}.")
-    if centering not in REPO_CENTERINGS:
-        raise ValueError(f"centering must be one of {list(REPO_CENTERINGS)}, got {centering!r}.")
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    advantages = advantages.detach()
-    centred = sampled_log_probs.detach()
-    if centering == "entropy":
-        if entropy is None:
-            raise ValueError("centering='entropy' needs the per-token entropy, got entropy=None.")
-        centred = centred + entropy.detach()  # ℓ^s_t − c_t with c_t = −H_t
-    if variant == "D":
-        return advantages - beta * centred
-    factor = 1 - beta * torch.sign(advantages) * centred  # A − β|A|x = A(1 − β sign(A) x)
-    if keep_sign:
-        factor = factor.clamp(min=0)
-    return advantages * factor
-
-
-def repo_controller_step(beta: float, mean_entropy: float, target: float, beta_min: float, beta_max: float) -> float:
-    """One update of REPO's β controller (arXiv:2603.11682, §5.1 steps 1–4; App. D.2 as re-implemented publicly).
-
-    ``d = +1`` if the mean entropy is below the target, ``−1`` if above; ``d = 0`` leaves β unchanged. If β already
-    pushes the wanted way (``sign(β) = d``) it doubles; otherwise it halves, and if then ``|β| < β_min`` it flips to
-    ``d · β_min`` (so a controller at ``β = 0`` starts at ``d · β_min``). Finally ``|β|`` is capped at ``β_max``.
-    """
-    direction = entropy_direction(mean_entropy, target)
-    if direction == 0:
-        return beta
-    if beta * direction > 0:
-        beta = 2 * beta
-    else:
-        beta = beta / 2
-        if abs(beta) < beta_min:
-            beta = direction * beta_min
-    return min(max(beta, -beta_max), beta_max)
-
-
-class REPOController(EntropyTargetController):
-    """Moves β so that the mean full entropy tracks the target (measured on the first cycle unless given)."""
-
-    name = "repo"
-    value_name = "beta"
-
-    def __init__(self, beta: float, beta_min: float, beta_max: float, entropy_target: float | None = None):
-        super().__init__(beta, entropy_target)
-        self.beta_min = float(beta_min)
-        self.beta_max = float(beta_max)
-
-    @property
-    def beta(self) -> float:
-        return self.value
-
-    def step(self, value: float, mean_entropy: float, target: float) -> float:
-        return repo_controller_step(value, mean_entropy, target, self.beta_min, self.beta_max)
 
 
 class REPOTrainer(EntropyGRPOTrainer):

@@ -1,0 +1,37 @@
+"""``CompletionBatch``: what every hook of the base trainer sees about one micro-batch of completions."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CompletionBatch:
+    """One micro-batch of completions as the loss step sees it. Per-token tensors are ``(B, T)``: ``B`` completions,
+    ``T`` completion positions (right-padded).
+
+    Attributes:
+        log_probs: ``ℓ_t``, log-probability of each sampled token under the policy being trained; differentiable.
+        old_log_probs: ``ℓ^old_t``, the same under the rollout policy; detached. Equal to ``log_probs.detach()`` when
+            training is on-policy (TRL then skips computing them).
+        entropy: ``H_t``, the full entropy of the policy at each position; differentiable.
+        clamped_entropy: ``H^c_t``, the entropy renormalised over the logits left after dropping the ``floor(p·V)``
+            smallest, when the method's ``clamp_fraction()`` is above 0; ``None`` otherwise. Differentiable.
+        mask: ``m_t``, 1 on the tokens that count (the completion mask times TRL's tool mask), 0 elsewhere.
+        advantages: ``A``, one advantage per completion as TRL computed it, ``(B, 1)``.
+        mode: ``"train"`` or ``"eval"``: the key of the trainer's metric dict the hooks log into.
+        entropy_mask: the tokens TRL's high-entropy filter keeps (``top_entropy_quantile < 1``), or ``None`` (all).
+            Set by the base before ``per_token_policy_loss`` and ``regulariser`` run.
+        carried: the per-token tensors of this micro-batch that the method asked to carry from its generation batch
+            (the keys of ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation batch.
+    """
+
+    log_probs: torch.Tensor
+    old_log_probs: torch.Tensor
+    entropy: torch.Tensor
+    clamped_entropy: torch.Tensor | None
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    mode: str = "train"
+    entropy_mask: torch.Tensor | None = None
+    carried: dict[str, torch.Tensor] = field(default_factory=dict)

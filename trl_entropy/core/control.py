@@ -1,0 +1,195 @@
+"""Controllers: small objects that move one coefficient from one generation cycle to the next, and the per-cycle
+bookkeeping that feeds them.
+
+A controller never sees tensors or ranks. :class:`ControllerCycle` sums its statistic over every micro-batch of a
+generation cycle (``num_iterations`` passes of ``steps_per_generation`` micro-batches) and every rank, takes the
+token-weighted mean and calls ``update(mean, step)`` once, at the optimizer step that ends the cycle, identically on
+every rank, so every rank holds the same value (the methods' papers move their coefficients once per rollout batch;
+see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through :class:`EntropyControlState` and
+``load_state_dict()`` restores it.
+"""
+
+import math
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+
+class Controller(ABC):
+    """Base class. Subclasses set ``name`` (its key in checkpoints) and ``statistic``: the ``CompletionBatch`` field
+    whose token mean drives it (``"entropy"`` or ``"clamped_entropy"``)."""
+
+    name: str
+    statistic: str
+
+    @abstractmethod
+    def update(self, mean_statistic: float, step: int) -> None:
+        """Take the mean statistic of the generation cycle that optimizer step ``step`` (1-based) ends."""
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        """Everything needed to continue the trajectory exactly (JSON-serialisable)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    @abstractmethod
+    def metrics(self) -> dict[str, float]:
+        """The values to log, named ``<method>/<quantity>``."""
+
+
+def entropy_direction(mean_entropy: float, target: float) -> float:
+    """``+1`` when the entropy is below the target (push it up), ``−1`` above, ``0`` on it."""
+    if mean_entropy < target:
+        return 1.0
+    if mean_entropy > target:
+        return -1.0
+    return 0.0
+
+
+class EntropyTargetController(Controller):
+    """Steers the mean full entropy toward a target ``H*``: given, or measured on the first generation cycle
+    ("Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §5).
+
+    Subclasses set ``name``, ``value_name`` (the controlled quantity's key in the state and the metrics) and implement
+    ``step(value, mean_entropy, target)``. The first update only measures the target when none was given, and the
+    step then sees ``mean_entropy == target``.
+    """
+
+    statistic = "entropy"
+    value_name: str
+
+    def __init__(self, value: float, entropy_target: float | None = None):
+        self.value = float(value)
+        self.entropy_target = None if entropy_target is None else float(entropy_target)
+
+    @abstractmethod
+    def step(self, value: float, mean_entropy: float, target: float) -> float:
+        """The controlled value after one generation cycle."""
+
+    def update(self, mean_statistic: float, step: int) -> None:
+        if self.entropy_target is None:
+            self.entropy_target = float(mean_statistic)
+        self.value = self.step(self.value, mean_statistic, self.entropy_target)
+
+    def state_dict(self) -> dict:
+        return {self.value_name: self.value, "entropy_target": self.entropy_target}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state[self.value_name])
+        target = state["entropy_target"]
+        self.entropy_target = None if target is None else float(target)
+
+    def metrics(self) -> dict[str, float]:
+        target = math.nan if self.entropy_target is None else self.entropy_target
+        return {f"{self.name}/{self.value_name}": self.value, f"{self.name}/entropy_target": target}
+
+
+class EntropyControlState(TrainerCallback, ExportableState):
+    """The trainer's entropy-control state, carried in ``trainer_state.json`` (``stateful_callbacks``).
+
+    `transformers.Trainer` writes the state of every ``ExportableState`` callback into the checkpoint's
+    ``trainer_state.json`` before it pushes the checkpoint to the Hub, so a pushed checkpoint holds it too. The
+    trainer fills ``snapshot`` right before each save: the controllers' ``state_dict()`` and the progress of the
+    current generation cycle (the base trainer writes it at every save); it reads the snapshot back from the
+    loaded trainer state on resume. The callback itself does nothing during training.
+    """
+
+    def __init__(self, snapshot: dict | None = None):
+        self.snapshot = snapshot
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"snapshot": self.snapshot}}
+
+
+class ControllerCycle:
+    """The controllers of one trainer and the progress of the current generation cycle.
+
+    ``add(batch)`` adds a micro-batch's ``[Σ m·statistic, Σ m]`` per statistic the controllers use;
+    ``end_optimizer_step(step)`` counts an optimizer step and, when it ends a cycle, reduces the sums over all ranks
+    (``reduce_sum``, collective) and updates every controller. A cycle is ``micro_batches_per_cycle`` micro-batches,
+    an optimizer step ``accumulation_steps``: the update comes at the first optimizer step that ends together with a
+    cycle (every step under TRL's defaults, every second one with ``num_iterations=2``, every step when one step spans
+    several cycles).
+    """
+
+    def __init__(
+        self,
+        controllers: list[Controller],
+        micro_batches_per_cycle: int,
+        accumulation_steps: int,
+        reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    ):
+        self.controllers = {controller.name: controller for controller in controllers}
+        self.micro_batches_per_cycle = micro_batches_per_cycle
+        self.accumulation_steps = accumulation_steps
+        self.reduce_sum = reduce_sum
+        self.statistics: dict[str, torch.Tensor] = {}  # [Σ m·statistic, Σ m] per statistic, this rank, this cycle
+        self.optimizer_steps = 0  # optimizer steps since the last update
+
+    def add(self, batch) -> None:
+        for statistic in sorted({c.statistic for c in self.controllers.values()}):
+            values = getattr(batch, statistic)
+            if values is None:
+                raise RuntimeError(
+                    f"a controller needs the {statistic!r} statistic, which this method does not compute"
+                )
+            sums = torch.stack([(values.detach().float() * batch.mask).sum(), batch.mask.float().sum()])
+            previous = self.statistics.get(statistic)
+            self.statistics[statistic] = sums if previous is None else previous + sums
+
+    def end_optimizer_step(self, step: int) -> dict[str, float]:
+        """Count optimizer step ``step`` (1-based); update the controllers if it ends a cycle. Returns the controllers'
+        metrics after the step."""
+        self.optimizer_steps += 1
+        if (self.optimizer_steps * self.accumulation_steps) % self.micro_batches_per_cycle == 0:
+            self._update(step)
+        return {name: value for c in self.controllers.values() for name, value in c.metrics().items()}
+
+    def _update(self, step: int) -> None:
+        totals = self.world_statistics()
+        self.statistics, self.optimizer_steps = {}, 0
+        means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
+        for controller in self.controllers.values():
+            mean = means[controller.statistic]
+            if math.isfinite(mean):
+                controller.update(mean, step)
+            else:  # no valid token on any rank, or a non-finite statistic: hold the controller where it is
+                warnings.warn(
+                    f"generation cycle ending at optimizer step {step}: the {controller.statistic} statistic is "
+                    f"{mean}; controller {controller.name!r} keeps its value",
+                    stacklevel=3,
+                )
+
+    def world_statistics(self) -> dict[str, list[float]]:
+        """The current cycle's ``[Σ m·statistic, Σ m]`` per statistic, summed over all ranks (collective)."""
+        names = sorted(self.statistics)
+        if not names:
+            return {}
+        totals = self.reduce_sum(torch.stack([self.statistics[name] for name in names]))
+        return dict(zip(names, totals.tolist(), strict=True))
+
+    def snapshot(self) -> dict:
+        """The controllers' state and the cycle's progress, the same on every rank (collective: the partial sums are
+        reduced here, and on resume one rank takes them over)."""
+        return {
+            "controllers": {name: controller.state_dict() for name, controller in self.controllers.items()},
+            "cycle_statistics": self.world_statistics(),
+            "cycle_optimizer_steps": self.optimizer_steps,
+        }
+
+    def restore(self, snapshot: dict, keep_sums: bool, device) -> None:
+        """Take over a :meth:`snapshot`; ``keep_sums`` on exactly one rank (the others start from zero, which gives
+        the same world sums)."""
+        for name, controller in self.controllers.items():
+            controller.load_state_dict(snapshot["controllers"][name])
+        self.statistics = {
+            name: torch.tensor(sums, device=device) * (1.0 if keep_sums else 0.0)
+            for name, sums in snapshot["cycle_statistics"].items()
+        }
+        self.optimizer_steps = snapshot["cycle_optimizer_steps"]

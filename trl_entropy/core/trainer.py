@@ -1,0 +1,397 @@
+"""``EntropyGRPOTrainer``: the shared base. It owns GRPO's loss step and opens it through small hooks, and it is the
+only place that overrides private methods of ``trl.GRPOTrainer`` and ``transformers.Trainer`` (listed, with the
+signatures they must keep, in ``core/drift.py``).
+
+The hooks a method fills (docs/adding_a_method.md walks through them):
+
+* ``build_controllers()``                          the controllers moved once per generation cycle;
+* ``clamp_fraction()``                             the vocabulary fraction dropped for the clamped entropy (0: none);
+* ``per_token_advantages(batch)``                  the advantages the surrogate uses, ``(B, 1)`` or ``(B, T)``;
+* ``clip_range()``                                 ``(ε_low, ε_high)`` of the PPO clip;
+* ``per_token_policy_loss(batch, ratio, advantages)``  the per-token surrogate;
+* ``regulariser(batch)``                           a scalar added to the loss (a token mean; scaled for accumulation);
+* ``on_generation_batch(batch)``                   sees each generation batch; may add ``carried_token_keys`` tensors;
+* ``rank_checkpoint_state()`` / ``restore_rank_checkpoint_state(checkpoint)``  per-rank state in checkpoints.
+
+With no hook overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
+``use_adaptive_entropy``) and a Mixture-of-Experts model's router load-balancing loss included. Controller state and
+the progress of the current generation cycle travel in every checkpoint (``trainer_state.json``), pushed ones
+included, and are restored by ``resume_from_checkpoint``, also in the middle of a cycle.
+"""
+
+from typing import ClassVar
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers import ProcessorMixin
+from transformers.utils import logging
+from trl import GRPOConfig, GRPOTrainer
+
+from .batch import CompletionBatch
+from .checkpoint import GENERATION_BATCH_FILE, checkpoint_folder, load_rank_file, save_rank_file
+from .config import EntropyGRPOConfig
+from .control import Controller, ControllerCycle, EntropyControlState
+from .drift import LossPathGuard, check_trl_methods
+from .head import (
+    EntropyHeadRequest,
+    install_entropy_head,
+    score_completions,
+    unsupported_head_reason,
+    weightless_model,
+)
+from .objectives import (
+    adaptive_entropy_coef_step,
+    aggregate_loss,
+    clipped_surrogate,
+    importance_ratio,
+    k3_kl,
+)
+from .statistics import global_token_mean, loss_step_metrics, masked_mean
+
+
+logger = logging.get_logger(__name__)
+
+
+class EntropyGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` whose loss step is owned here and opened up through small hooks (see the module docstring).
+
+    Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (or the method's config, or a
+    plain `GRPOConfig`, converted).
+    """
+
+    config_class: ClassVar[type] = EntropyGRPOConfig
+    # Per-token (B, T) tensors that on_generation_batch adds to the generation batch and the loss step reads back.
+    carried_token_keys: ClassVar[tuple[str, ...]] = ()
+    _tag_names = ["trl", "grpo", "trl-entropy"]
+
+    def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
+        check_trl_methods(type(self))
+        if args is None:
+            raise ValueError(f"{type(self).__name__} needs `args`, an instance of {self.config_class.__name__}.")
+        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
+            args = self.config_class.from_grpo_config(args)
+            logger.warning(
+                f"{type(self).__name__}: built a {self.config_class.__name__} from the GRPOConfig given as `args`; "
+                f"fields left at GRPOConfig's defaults, and {self.config_class.__name__}'s own fields, take "
+                f"{self.config_class.__name__}'s defaults."
+            )
+        if not isinstance(args, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs `args` of type {self.config_class.__name__} (or a plain GRPOConfig), "
+                f"got {type(args).__name__}."
+            )
+        # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
+        if isinstance(model, str):
+            trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", False)
+            reason = unsupported_head_reason(weightless_model(model, trust_remote_code))
+        else:
+            reason = unsupported_head_reason(model)
+        if reason is not None:
+            raise ValueError(reason)
+        super().__init__(model, reward_funcs, args, *positional, **keyword)
+        if isinstance(self.processing_class, ProcessorMixin):
+            raise NotImplementedError(
+                f"{type(self).__name__} trains text-only causal LMs; vision-language processors "
+                f"({type(self.processing_class).__name__}) are not supported by the entropy head."
+            )
+        policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        install_entropy_head(policy, self.temperature, args.cast_lm_head_to_fp32)
+        if self.ref_model is not None:
+            install_entropy_head(self.ref_model, self.temperature, args.cast_lm_head_to_fp32)
+        self.controller_cycle = ControllerCycle(
+            self.build_controllers(),
+            micro_batches_per_cycle=args.steps_per_generation * self.num_iterations,
+            accumulation_steps=args.gradient_accumulation_steps,
+            reduce_sum=lambda sums: self.accelerator.reduce(sums, reduction="sum"),
+        )
+        self.controllers: dict[str, Controller] = self.controller_cycle.controllers
+        self._entropy_control_state = EntropyControlState()  # carries the controller state into every checkpoint
+        self.add_callback(self._entropy_control_state)
+        self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
+        self.add_callback(self.loss_path)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Hooks
+    # ------------------------------------------------------------------------------------------------------------
+
+    def build_controllers(self) -> list[Controller]:
+        """The controllers this method moves once per generation cycle (none in plain GRPO)."""
+        return []
+
+    def clamp_fraction(self) -> float:
+        """Fraction of the vocabulary dropped for the clamped entropy; 0 means the loss needs no clamped entropy."""
+        return 0.0
+
+    def clip_range(self) -> tuple[float, float]:
+        """``(ε_low, ε_high)`` of the PPO clip."""
+        return self.epsilon_low, self.epsilon_high
+
+    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
+        """The advantages the surrogate uses: ``(B, 1)`` (one per sequence) or ``(B, T)`` (one per token)."""
+        return batch.advantages
+
+    def per_token_policy_loss(
+        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-token surrogate ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)`` with TRL's two-sided ``delta`` clip."""
+        epsilon_low, epsilon_high = self.clip_range()
+        return clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, self.args.delta)
+
+    def regulariser(self, batch: CompletionBatch) -> torch.Tensor | None:
+        """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
+        return None
+
+    def on_generation_batch(self, batch: dict) -> None:
+        """Called on every generation batch TRL makes (training and evaluation), on every rank, before TRL splits it
+        into micro-batches; it may add ``(B, T)`` tensors under ``carried_token_keys``. Collectives are allowed."""
+
+    def rank_checkpoint_state(self) -> dict[str, object]:
+        """This rank's extra state for a checkpoint: ``{file name pattern with {process_index}: value}``."""
+        return {}
+
+    def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
+        """Read back what ``rank_checkpoint_state`` saved (``core.checkpoint.load_rank_file``)."""
+
+    def log_token_mean(self, batch: CompletionBatch, name: str, values: torch.Tensor) -> None:
+        """Log the token mean of ``values`` over every rank's valid tokens as metric ``name`` (collective)."""
+        self._metrics[batch.mode][name].append(global_token_mean(self.accelerator, values, batch.mask))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Overrides of TRL's GRPOTrainer
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, refusing infinite ones.
+
+        TRL maps a ``None`` (or NaN) reward to NaN and leaves such completions out of the group statistics; that stays.
+        An infinite reward has no such meaning: it makes the group's advantages NaN (silently zeroed) or, with
+        ``scale_rewards="none"``, ±3.4e38, which turns the weights into NaN. The rewards are gathered across ranks
+        here, so every rank raises together.
+        """
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        infinite = torch.isinf(rewards_per_func)
+        if infinite.any():
+            row, column = infinite.nonzero()[0].tolist()
+            raise ValueError(
+                f"reward function {self.reward_func_names[column]!r} returned {rewards_per_func[row, column].item()} "
+                f"for completion {row} of the generation batch ({int(infinite.sum())} infinite rewards in all). "
+                "Rewards must be finite; return None for a completion the function cannot score."
+            )
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.on_generation_batch(output)
+        return output
+
+    def _score(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0, aux_loss=False
+    ):
+        """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``) and the MoE router loss
+        (when ``aux_loss``) of the last ``logits_to_keep`` positions, from the entropy head."""
+        request = EntropyHeadRequest(
+            logits_to_keep=logits_to_keep,
+            clamp_fraction=clamp_fraction,
+            chunk_size=self.args.entropy_kernel_chunk_size,
+            backend=self.args.entropy_kernel_backend,
+            compute_aux_loss=aux_loss,
+        )
+        scored = score_completions(model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast)
+        return scored.log_probs, scored.entropy, scored.clamped_entropy, scored.router_loss
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **model_inputs,
+    ):
+        # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
+        # on-policy ratio is exactly 1.
+        extra = {name: value for name, value in model_inputs.items() if value is not None}
+        if extra:
+            raise NotImplementedError(f"{type(self).__name__} scores text-only inputs; got {sorted(extra)}.")
+        log_probs, entropy, _, router_loss = self._score(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
+        )
+        return log_probs, (entropy if compute_entropy else None), router_loss
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        model_inputs = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids")}
+        if any(value is not None for value in model_inputs.values()):
+            raise NotImplementedError(f"{type(self).__name__} trains on text-only inputs.")
+        log_probs, entropy, clamped_entropy, router_loss = self._score(
+            model,
+            torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], completion_mask], dim=1),
+            completion_ids.size(1),
+            clamp_fraction=self.clamp_fraction(),
+            aux_loss=self.aux_loss_enabled,
+        )
+        old_log_probs, advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
+        batch = CompletionBatch(
+            log_probs=log_probs,
+            old_log_probs=log_probs.detach() if old_log_probs is None else old_log_probs,
+            entropy=entropy,
+            clamped_entropy=clamped_entropy,
+            mask=mask,
+            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+            mode=mode,
+            carried={key: inputs[key] for key in self.carried_token_keys if key in inputs},
+        )
+        token_advantages = self.per_token_advantages(batch)
+        if self.top_entropy_quantile < 1.0:  # the tokens TRL's high-entropy filter keeps
+            batch.entropy_mask = self.get_high_entropy_mask(entropy, mask, 1 - self.top_entropy_quantile)
+        ratio = importance_ratio(log_probs, batch.old_log_probs, mask, self.importance_sampling_level)
+
+        per_token_loss = self.per_token_policy_loss(batch, ratio, token_advantages)
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=batch.advantages,
+                per_token_logps=log_probs,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", batch.old_log_probs),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if batch.entropy_mask is not None:
+            per_token_loss = per_token_loss * batch.entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        per_token_kl = None
+        if self.beta != 0.0:
+            per_token_kl = k3_kl(log_probs, inputs["ref_per_token_logps"])
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * ratio
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        # Bonuses and regularisers are token means of the micro-batch, scaled only for gradient accumulation.
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        dapo_normaliser = None
+        if self.loss_type == "dapo":  # every token of the generation batch (all ranks), per accumulation window
+            dapo_normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                dapo_normaliser = dapo_normaliser * accumulation / self.args.steps_per_generation
+        policy_loss, scale = aggregate_loss(
+            per_token_loss, mask, self.loss_type, self.max_completion_length, dapo_normaliser
+        )
+        loss = policy_loss / (accumulation if scale else 1.0)
+        if self._entropy_bonus_enabled:
+            bonus_mask = mask if batch.entropy_mask is None else mask * batch.entropy_mask
+            loss = loss - self._trl_entropy_bonus(entropy, bonus_mask, policy_loss, mode) / accumulation
+        regulariser = self.regulariser(batch)
+        if regulariser is not None:
+            loss = loss + regulariser / accumulation
+        if self.aux_loss_enabled:  # the MoE load-balancing loss, scaled for accumulation as TRL scales it
+            loss = loss + self.router_aux_loss_coef * router_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
+            )
+
+        if mode == "train" and self.controllers:
+            self.controller_cycle.add(batch)
+            if self.accelerator.sync_gradients:
+                for name, value in self.controller_cycle.end_optimizer_step(self.state.global_step + 1).items():
+                    self._metrics["train"][name].append(value)
+        metrics = loss_step_metrics(self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range())
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        self.loss_path.loss_steps += 1
+        return loss
+
+    def _trl_entropy_bonus(self, entropy, mask, policy_loss, mode) -> torch.Tensor:
+        """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline.
+
+        Returns ``coef · mean entropy`` (the caller subtracts it, scaled for accumulation). The adaptive coefficient
+        lives in TRL's attributes, so TRL's own checkpoint file for it keeps working.
+        """
+        coefficient = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
+            coefficient = 0.0
+        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss.detach()).nanmean().item())
+        if self.use_adaptive_entropy and mode == "train":
+            window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
+            previous = self._entropy_window_stats
+            self._entropy_window_stats = window if previous is None else previous + window
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                self._last_world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                args = self.args
+                self.entropy_coef = adaptive_entropy_coef_step(
+                    self.entropy_coef,
+                    self._last_world_entropy,
+                    args.entropy_target,
+                    args.entropy_coef_delta,
+                    args.entropy_coef_min,
+                    args.entropy_coef_max,
+                )
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coefficient * masked_mean(entropy, mask)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Overrides of transformers.Trainer: checkpoints
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _generation_cycle_open(self) -> bool:
+        """True inside a generation cycle: the rest of it trains on the buffered generation batch."""
+        return self._step % (self.args.steps_per_generation * self.num_iterations) != 0
+
+    def _save_checkpoint(self, model, trial):
+        # Everything goes into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub
+        # (push_to_hub) as its last step: the snapshot rides in trainer_state.json through the stateful callback.
+        state = self._entropy_control_state
+        state.snapshot = {
+            **self.controller_cycle.snapshot(),
+            "trl_step": self._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
+            "num_processes": self.accelerator.num_processes,
+        }
+        self.state.stateful_callbacks[EntropyControlState.__name__] = state.state()  # Trainer updates only known keys
+        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+        rank = self.accelerator.process_index
+        if self._generation_cycle_open():  # a fresh trainer would regenerate the batch from the updated policy
+            save_rank_file(folder, GENERATION_BATCH_FILE, rank, self._buffered_inputs)
+        for pattern, value in self.rank_checkpoint_state().items():
+            save_rank_file(folder, pattern, rank, value)
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        stored = self.state.stateful_callbacks.get(EntropyControlState.__name__) or {}
+        snapshot = stored.get("attributes", {}).get("snapshot")
+        if snapshot is None:
+            if self.controllers:
+                raise ValueError(
+                    f"{checkpoint} holds no entropy-control state (trainer_state.json, stateful_callbacks."
+                    f"{EntropyControlState.__name__}), so resuming {type(self).__name__} would restart the "
+                    f"controllers {sorted(self.controllers)} from their initial values"
+                )
+            return
+        missing = sorted(set(self.controllers) - set(snapshot["controllers"]))
+        if missing:
+            raise ValueError(f"{checkpoint} holds no state for the controllers {missing}")
+        device = self.accelerator.device
+        self.controller_cycle.restore(snapshot, keep_sums=self.accelerator.is_main_process, device=device)
+        self._step = snapshot["trl_step"]
+        if self._generation_cycle_open():
+            rank = self.accelerator.process_index
+            buffered = None
+            if snapshot["num_processes"] == self.accelerator.num_processes:
+                buffered = load_rank_file(checkpoint, GENERATION_BATCH_FILE, rank, device)
+            if buffered is None:
+                raise ValueError(
+                    f"{checkpoint} was saved inside a generation cycle by {snapshot['num_processes']} processes; "
+                    f"resuming it needs {GENERATION_BATCH_FILE.format(process_index=rank)} there and as many "
+                    f"processes (this run has {self.accelerator.num_processes})"
+                )
+            self._buffered_inputs = buffered
+        self.restore_rank_checkpoint_state(checkpoint)

@@ -1,0 +1,193 @@
+"""Clip-Cov: detach a few random high-covariance tokens from the policy loss (Cui et al., "The Entropy Mechanism of
+Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2, eqs. 11–12; docs/clip_cov.md).
+
+Among the valid tokens whose PPO clip is not already active and whose covariance term ``Cov_t`` (eq. 10) lies in
+``(lb, ub)``, ``n = max(⌊ρ·N_valid⌋, 1)`` are drawn at random; their policy loss (and gradient) becomes 0, and they
+stay in the normaliser. Where the draw is made (per micro-batch, or once per generation batch) is the shared
+``cov_selection_scope`` of ``methods/cov_selection.py``.
+"""
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.batch import CompletionBatch
+from ..core.checkpoint import load_rank_file, rank_file
+from ..core.config import validate_fraction
+from ..core.objectives import ppo_clip_active
+from ..core.statistics import token_covariance
+from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+
+
+CLIP_COV_GENERATOR_FILE = "clip_cov_generator_{process_index}.pt"
+
+
+def clip_cov_selection(
+    cov: torch.Tensor,
+    mask: torch.Tensor,
+    clip_active: torch.Tensor,
+    ratio: float,
+    lb: float,
+    ub: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Clip-Cov's detached tokens: a uniformly random subset of the candidates, as a bool ``(B, T)`` tensor.
+
+    Candidates are the valid tokens (``mask`` set) whose clip is not active and with ``lb < cov < ub``. The subset
+    has ``n = max(⌊ratio · N_valid⌋, 1)`` of them (all of them if there are fewer), ``N_valid`` being the number of
+    valid tokens. The choice is ``torch.randperm(num_candidates, generator=generator)[:n]`` over the candidates in
+    row-major order, drawn on the generator's device; the generator is advanced only when a choice is actually made
+    (more candidates than ``n``), so the same inputs and generator state always give the same subset.
+    """
+    valid = mask.bool()
+    candidates = valid & ~clip_active.bool() & (cov > lb) & (cov < ub)
+    selected = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
+    count = selection_count(ratio, int(valid.sum().item()))
+    candidate_index = candidates.flatten().nonzero().squeeze(1)
+    if candidate_index.numel() > count:
+        order = torch.randperm(candidate_index.numel(), generator=generator, device=generator.device)
+        candidate_index = candidate_index[order[:count].to(candidate_index.device)]
+    selected.view(-1)[candidate_index] = True
+    return selected
+
+
+def generation_batch_seed(seed: int, step: int) -> int:
+    """Seed of Clip-Cov's draw over the generation batch made at optimizer step ``step`` of a run seeded ``seed``.
+
+    A fixed function of the two (the first 8 bytes of a SHA-256), so every rank draws the same tokens and a resumed
+    run draws what the uninterrupted run drew, with no generator state to save.
+    """
+    digest = hashlib.sha256(f"clip_cov:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclass
+class ClipCovConfig(CovSelectionConfig):
+    r"""
+    Configuration for [`ClipCovTrainer`]: [`EntropyGRPOConfig`] plus Clip-Cov's selection (Cui et al., "The Entropy
+    Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2).
+
+    The PPO clip range is GRPOConfig's `epsilon` (0.2, the paper's ε) and `epsilon_high`. All four loss types are
+    supported; `importance_sampling_level` must be `"token"`.
+
+    Parameters:
+        clip_cov_ratio (`float`, *optional*, defaults to `2e-4`):
+            ρ: the detached tokens number `max(floor(ρ · N_valid), 1)` per micro-batch (per generation batch with
+            `cov_selection_scope="generation_batch"`). Paper §4.3.
+        clip_cov_lb (`float`, *optional*, defaults to `1.0`):
+            Lower bound of the candidates' covariance (exclusive). Paper §4.3.
+        clip_cov_ub (`float`, *optional*, defaults to `5.0`):
+            Upper bound of the candidates' covariance (exclusive). Paper §4.3.
+        cov_selection_scope (`str`, *optional*, defaults to `"micro_batch"`):
+            See [`CovSelectionConfig`].
+    """
+
+    clip_cov_ratio: float = field(
+        default=2e-4,
+        metadata={
+            "help": "ρ: fraction of the valid tokens to detach, max(floor(ρ·N_valid), 1) tokens drawn at random among "
+            "the candidates, N_valid counted over the selection scope (micro-batch or generation batch). In (0, 1]. "
+            f"Default from the paper ({PAPER}, §4.3) and verl."
+        },
+    )
+    clip_cov_lb: float = field(
+        default=1.0,
+        metadata={
+            "help": "Lower bound (exclusive) of a candidate's covariance (ℓ_t − ℓ̄)(A_t − Ā). Default from the paper "
+            f"({PAPER}, §4.3) and verl."
+        },
+    )
+    clip_cov_ub: float = field(
+        default=5.0,
+        metadata={
+            "help": "Upper bound (exclusive) of a candidate's covariance; must exceed clip_cov_lb. Default from the "
+            f"paper ({PAPER}, §4.3) and verl."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate_fraction("clip_cov_ratio", self.clip_cov_ratio)
+        bounds = (self.clip_cov_lb, self.clip_cov_ub)
+        if not (
+            all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds) and bounds[0] < bounds[1]
+        ):
+            raise ValueError(
+                "clip_cov_lb and clip_cov_ub must be numbers with clip_cov_lb < clip_cov_ub, got "
+                f"clip_cov_lb={self.clip_cov_lb!r} and clip_cov_ub={self.clip_cov_ub!r}."
+            )
+
+
+class ClipCovTrainer(CovSelectionTrainer):
+    """GRPO with Clip-Cov (Cui et al., arXiv:2505.22617, §4.2): a few random high-covariance tokens are detached from
+    the policy loss.
+
+    ``cov_selection_scope="micro_batch"``: the random choice uses a CPU ``torch.Generator`` seeded with
+    ``args.seed + process_index`` (one per rank, so each rank is reproducible and ranks draw differently), and a
+    separate one, seeded alike, for evaluation so evaluating never shifts the training draws. The training generator's
+    state is saved in every checkpoint (``clip_cov_generator_<rank>.pt``) and restored by ``resume_from_checkpoint``.
+
+    ``cov_selection_scope="generation_batch"``: the draw over a training generation batch uses a generator seeded with
+    :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume
+    (so checkpoints hold no generator state). Evaluation draws from its own generator seeded with ``args.seed`` (the
+    same on every rank). In the loss, a drawn token whose clip is active at that step is left as it is (its policy
+    gradient is already zero): the draw is made before any ratio is known, where every ratio is 1.
+    """
+
+    config_class = ClipCovConfig
+    _tag_names = ["trl", "grpo", "trl-entropy", "clip-cov"]
+
+    def __init__(self, *positional, **keyword):
+        super().__init__(*positional, **keyword)
+        seed = self.args.seed
+        if self.args.cov_selection_scope == "micro_batch":
+            seed += self.accelerator.process_index
+        self._clip_cov_generators = {mode: torch.Generator().manual_seed(seed) for mode in ("train", "eval")}
+
+    def select_tokens(self, cov, mask, clip_active, mode):
+        if self.args.cov_selection_scope == "generation_batch" and mode == "train":
+            generator = torch.Generator().manual_seed(generation_batch_seed(self.args.seed, self.state.global_step))
+        else:
+            generator = self._clip_cov_generators[mode]
+        args = self.args
+        return clip_cov_selection(
+            cov, mask, clip_active, args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub, generator
+        )
+
+    def per_token_policy_loss(
+        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        per_token_loss = super().per_token_policy_loss(batch, ratio, advantages)
+        epsilon_low, epsilon_high = self.clip_range()
+        with torch.no_grad():
+            clip_active = ppo_clip_active(ratio, advantages, epsilon_low, epsilon_high, self.args.delta)
+            clip_active = clip_active.expand_as(per_token_loss)
+            if self.args.cov_selection_scope == "micro_batch":
+                cov = token_covariance(batch.log_probs, advantages, batch.mask)
+                detached = self.select_tokens(cov, batch.mask, clip_active, batch.mode)
+            else:
+                detached = self.carried_selection(batch) & ~clip_active
+        self.log_token_mean(batch, "clip_cov/detached_fraction", detached.float())
+        return torch.where(detached, torch.zeros_like(per_token_loss), per_token_loss)
+
+    def rank_checkpoint_state(self) -> dict[str, object]:
+        # The generation-batch draws need no state: they are seeded by the step.
+        if self.args.cov_selection_scope != "micro_batch":
+            return {}
+        return {CLIP_COV_GENERATOR_FILE: self._clip_cov_generators["train"].get_state()}
+
+    def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
+        if self.args.cov_selection_scope != "micro_batch":
+            return
+        state = load_rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, self.accelerator.process_index)
+        if state is None:
+            path = rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, self.accelerator.process_index)
+            warnings.warn(
+                f"{path} is missing: Clip-Cov's token selection restarts from its seed instead of continuing the "
+                "checkpointed random stream",
+                stacklevel=2,
+            )
+            return
+        self._clip_cov_generators["train"].set_state(state)

@@ -1,0 +1,121 @@
+"""KL-Cov: no ratio clip, and a KL penalty on the tokens of highest covariance (Cui et al., "The Entropy Mechanism of
+Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2, eqs. 13–14; docs/kl_cov.md).
+
+The per-token loss is ``−A_t r_t`` plus ``β_KL · |ℓ_t − ℓ^old_t|`` on the top ``k = max(⌊κ·N_valid⌋, 1)`` valid
+tokens by covariance term ``Cov_t`` (eq. 10). Where the top-k is taken (per micro-batch, or once per generation
+batch) is the shared ``cov_selection_scope`` of ``methods/cov_selection.py``.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.batch import CompletionBatch
+from ..core.config import validate_fraction, warn_if_on_policy
+from ..core.statistics import token_covariance
+from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+
+
+def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """KL-Cov's penalised tokens: the top ``k = max(⌊ratio · N_valid⌋, 1)`` valid tokens by ``cov``, bool ``(B, T)``.
+
+    Masked positions are never chosen and do not count in ``N_valid``; with no valid token nothing is chosen. Among
+    tokens tied at the k-th value the earlier ones in row-major order are chosen (a stable sort), so the choice is a
+    function of the inputs alone.
+    """
+    valid = mask.bool()
+    selected = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
+    valid_index = valid.flatten().nonzero().squeeze(1)
+    count = selection_count(ratio, valid_index.numel())
+    if count == 0:
+        return selected
+    order = torch.sort(cov.flatten()[valid_index], descending=True, stable=True).indices
+    selected.view(-1)[valid_index[order[:count]]] = True
+    return selected
+
+
+@dataclass
+class KLCovConfig(CovSelectionConfig):
+    r"""
+    Configuration for [`KLCovTrainer`]: [`EntropyGRPOConfig`] plus KL-Cov's penalty (Cui et al., "The Entropy
+    Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2).
+
+    KL-Cov replaces the PPO clip: `epsilon`/`epsilon_high` do not enter the loss (they only set the `clip_ratio/*`
+    diagnostics) and `delta` (a clip of the ratio) is rejected. All four loss types are supported;
+    `importance_sampling_level` must be `"token"`.
+
+    Parameters:
+        kl_cov_ratio (`float`, *optional*, defaults to `2e-3`):
+            κ: the penalised tokens number `max(floor(κ · N_valid), 1)` per micro-batch (per generation batch with
+            `cov_selection_scope="generation_batch"`). Paper §4.3 (7B; 2e-4 at 32B).
+        kl_cov_coef (`float`, *optional*, defaults to `1.0`):
+            β_KL: weight of the penalty `|ℓ_t − ℓ^old_t|` on the selected tokens. Paper §4.3.
+        cov_selection_scope (`str`, *optional*, defaults to `"micro_batch"`):
+            See [`CovSelectionConfig`].
+    """
+
+    kl_cov_ratio: float = field(
+        default=2e-3,
+        metadata={
+            "help": "κ: fraction of the valid tokens penalised, the top max(floor(κ·N_valid), 1) by covariance, "
+            "N_valid counted over the selection scope (micro-batch or generation batch). In (0, 1]. Default from the "
+            f"paper's 7B setting ({PAPER}, §4.3); it used 2e-4 at 32B."
+        },
+    )
+    kl_cov_coef: float = field(
+        default=1.0,
+        metadata={
+            "help": "β_KL: weight of the penalty |ℓ_t − ℓ^old_t| on the selected tokens; >= 0. Default from the paper "
+            f"({PAPER}, §4.3) and verl."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate_fraction("kl_cov_ratio", self.kl_cov_ratio)
+        coef = self.kl_cov_coef
+        if not (isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef) and coef >= 0):
+            raise ValueError(f"kl_cov_coef={coef!r} is invalid: it must be a finite number >= 0.")
+        if self.delta is not None:
+            raise ValueError(
+                f"delta={self.delta!r} is not supported by KLCovConfig: delta clips the importance ratio, and KL-Cov "
+                "replaces ratio clipping by its covariance-targeted KL penalty. Leave delta=None."
+            )
+
+
+class KLCovTrainer(CovSelectionTrainer):
+    """GRPO with KL-Cov (Cui et al., arXiv:2505.22617, §4.2): no ratio clip; a KL penalty on the top-covariance
+    tokens. Warns once, at construction, when training is fully on-policy (the penalty is then identically 0)."""
+
+    config_class = KLCovConfig
+    _tag_names = ["trl", "grpo", "trl-entropy", "kl-cov"]
+
+    def __init__(self, *positional, **keyword):
+        super().__init__(*positional, **keyword)
+        warn_if_on_policy(
+            self.args,
+            "KL-Cov",
+            "ℓ^old = ℓ at every step, so the penalty |ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped "
+            "−A·r.",
+            "the penalty to act (the paper makes 8 updates per rollout batch)",
+            stacklevel=2,
+        )
+
+    def select_tokens(self, cov, mask, clip_active, mode):
+        return kl_cov_selection(cov, mask, self.args.kl_cov_ratio)
+
+    def per_token_policy_loss(
+        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        if self.args.cov_selection_scope == "micro_batch":
+            with torch.no_grad():
+                cov = token_covariance(batch.log_probs, advantages, batch.mask)
+                selected = self.select_tokens(cov, batch.mask, None, batch.mode)
+        else:
+            selected = self.carried_selection(batch)
+        penalty = (batch.log_probs - batch.old_log_probs).abs()
+        per_token_loss = -advantages * ratio + self.args.kl_cov_coef * penalty * selected
+        self.log_token_mean(batch, "kl_cov/penalised_fraction", selected.float())
+        self.log_token_mean(batch, "kl_cov/abs_log_ratio", penalty)
+        return per_token_loss
