@@ -34,7 +34,7 @@ def test_a_plain_grpo_config_trains_every_trainer(name, warm_toy_policy_path, to
     # Built first: creating training arguments resets accelerate's state, which a built trainer relies on.
     defaults = method.config_class(output_dir=str(tmp_path), **COMMON)
     grpo_args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, learning_rate=5e-4, **COMMON)
-    with caplog.at_level(logging.WARNING, logger="trl_entropy.core.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_entropy.core.config"):
         trainer = method.trainer_class(
             model=warm_toy_policy_path,
             reward_funcs=toy_reward,

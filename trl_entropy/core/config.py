@@ -5,10 +5,12 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+from transformers.utils import logging
 from trl import GRPOConfig
 
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+logger = logging.get_logger(__name__)
 
 
 def is_finite_number(value) -> bool:
@@ -142,3 +144,22 @@ class EntropyGRPOConfig(GRPOConfig):
             and getattr(grpo_config, f.name) != getattr(reference, f.name)
         }
         return cls(**kept, **changed)
+
+    @classmethod
+    def coerce(cls, args, trainer_name: str, model=None):
+        """``args`` as this config for ``trainer_name``: a plain ``GRPOConfig`` is converted (see
+        :meth:`from_grpo_config`), with one log line; anything but this config is refused."""
+        if args is None:
+            raise ValueError(f"{trainer_name} needs `args`, an instance of {cls.__name__}.")
+        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
+            args = cls.from_grpo_config(args)
+            logger.warning(
+                f"{trainer_name}: built a {cls.__name__} from the GRPOConfig given as `args`; fields left at "
+                f"GRPOConfig's defaults, and {cls.__name__}'s own fields, take {cls.__name__}'s defaults."
+            )
+        if not isinstance(args, cls):
+            raise TypeError(
+                f"{trainer_name} needs `args` of type {cls.__name__} (or a plain GRPOConfig), "
+                f"got {type(args).__name__}."
+            )
+        return args

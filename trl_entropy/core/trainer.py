@@ -24,11 +24,10 @@ from typing import ClassVar
 import torch
 from accelerate.utils import is_peft_model
 from transformers import ProcessorMixin
-from transformers.utils import logging
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from .batch import CompletionBatch
-from .checkpoint import GENERATION_BATCH_FILE, checkpoint_folder, load_rank_file, save_rank_file
+from .checkpoint import checkpoint_folder, restore_entropy_control, save_entropy_control
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState
 from .drift import LossPathGuard, check_trl_methods
@@ -49,9 +48,6 @@ from .objectives import (
 from .statistics import global_token_mean, loss_step_metrics, masked_mean
 
 
-logger = logging.get_logger(__name__)
-
-
 class EntropyGRPOTrainer(GRPOTrainer):
     """`trl.GRPOTrainer` whose loss step is owned here and opened up through small hooks (see the module docstring).
 
@@ -66,20 +62,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         check_trl_methods(type(self))
-        if args is None:
-            raise ValueError(f"{type(self).__name__} needs `args`, an instance of {self.config_class.__name__}.")
-        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
-            args = self.config_class.from_grpo_config(args)
-            logger.warning(
-                f"{type(self).__name__}: built a {self.config_class.__name__} from the GRPOConfig given as `args`; "
-                f"fields left at GRPOConfig's defaults, and {self.config_class.__name__}'s own fields, take "
-                f"{self.config_class.__name__}'s defaults."
-            )
-        if not isinstance(args, self.config_class):
-            raise TypeError(
-                f"{type(self).__name__} needs `args` of type {self.config_class.__name__} (or a plain GRPOConfig), "
-                f"got {type(args).__name__}."
-            )
+        args = self.config_class.coerce(args, type(self).__name__, model)
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
         if isinstance(model, str):
             trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", False)
@@ -340,58 +323,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
     # Overrides of transformers.Trainer: checkpoints
     # ------------------------------------------------------------------------------------------------------------
 
-    def _generation_cycle_open(self) -> bool:
-        """True inside a generation cycle: the rest of it trains on the buffered generation batch."""
-        return self._step % (self.args.steps_per_generation * self.num_iterations) != 0
-
     def _save_checkpoint(self, model, trial):
-        # Everything goes into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub
-        # (push_to_hub) as its last step: the snapshot rides in trainer_state.json through the stateful callback.
-        state = self._entropy_control_state
-        state.snapshot = {
-            **self.controller_cycle.snapshot(),
-            "trl_step": self._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
-            "num_processes": self.accelerator.num_processes,
-        }
-        self.state.stateful_callbacks[EntropyControlState.__name__] = state.state()  # Trainer updates only known keys
-        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        rank = self.accelerator.process_index
-        if self._generation_cycle_open():  # a fresh trainer would regenerate the batch from the updated policy
-            save_rank_file(folder, GENERATION_BATCH_FILE, rank, self._buffered_inputs)
-        for pattern, value in self.rank_checkpoint_state().items():
-            save_rank_file(folder, pattern, rank, value)
+        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub.
+        save_entropy_control(self, checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step))
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        stored = self.state.stateful_callbacks.get(EntropyControlState.__name__) or {}
-        snapshot = stored.get("attributes", {}).get("snapshot")
-        if snapshot is None:
-            if self.controllers:
-                raise ValueError(
-                    f"{checkpoint} holds no entropy-control state (trainer_state.json, stateful_callbacks."
-                    f"{EntropyControlState.__name__}), so resuming {type(self).__name__} would restart the "
-                    f"controllers {sorted(self.controllers)} from their initial values"
-                )
-            return
-        missing = sorted(set(self.controllers) - set(snapshot["controllers"]))
-        if missing:
-            raise ValueError(f"{checkpoint} holds no state for the controllers {missing}")
-        device = self.accelerator.device
-        self.controller_cycle.restore(snapshot, keep_sums=self.accelerator.is_main_process, device=device)
-        self._step = snapshot["trl_step"]
-        if self._generation_cycle_open():
-            rank = self.accelerator.process_index
-            buffered = None
-            if snapshot["num_processes"] == self.accelerator.num_processes:
-                buffered = load_rank_file(checkpoint, GENERATION_BATCH_FILE, rank, device)
-            if buffered is None:
-                raise ValueError(
-                    f"{checkpoint} was saved inside a generation cycle by {snapshot['num_processes']} processes; "
-                    f"resuming it needs {GENERATION_BATCH_FILE.format(process_index=rank)} there and as many "
-                    f"processes (this run has {self.accelerator.num_processes})"
-                )
-            self._buffered_inputs = buffered
-        self.restore_rank_checkpoint_state(checkpoint)
+        if checkpoint is not None:
+            restore_entropy_control(self, checkpoint)

@@ -60,18 +60,7 @@ class AEntController(Controller):
     name = "aent"
     statistic = "clamped_entropy"
 
-    def __init__(
-        self,
-        coef: float,
-        low: float,
-        high: float,
-        lr: float,
-        coef_min: float,
-        coef_max: float,
-        warmup_steps: int = 0,
-        adaptive: bool = True,
-        statistic: str = "clamped_entropy",
-    ):
+    def __init__(self, coef, low, high, lr, coef_min, coef_max, warmup_steps=0, adaptive=True, statistic=statistic):
         self.value = float(coef)
         self.low, self.high, self.lr = low, high, lr
         self.coef_min, self.coef_max = coef_min, coef_max
@@ -80,17 +69,15 @@ class AEntController(Controller):
 
     @classmethod
     def from_config(cls, args: "AEntConfig") -> "AEntController":
-        return cls(
-            coef=args.aent_coef_init,
-            low=args.aent_entropy_low,
-            high=args.aent_entropy_high,
-            lr=args.aent_coef_lr,
-            coef_min=args.aent_coef_min,
-            coef_max=args.aent_coef_max,
-            warmup_steps=args.aent_warmup_steps,
-            adaptive=args.aent_adaptive,
-            statistic="clamped_entropy" if args.aent_clamp_fraction > 0 else "entropy",
+        statistic = "clamped_entropy" if args.aent_clamp_fraction > 0 else "entropy"
+        band = (
+            args.aent_entropy_low,
+            args.aent_entropy_high,
+            args.aent_coef_lr,
+            args.aent_coef_min,
+            args.aent_coef_max,
         )
+        return cls(args.aent_coef_init, *band, args.aent_warmup_steps, args.aent_adaptive, statistic)
 
     def update(self, mean_statistic: float, step: int) -> None:
         if not self.adaptive or step <= self.warmup_steps:
@@ -119,78 +106,65 @@ class AEntConfig(EntropyGRPOConfig):
     Defaults are the reference implementation's (the paper author's AReaL recipe, `recipe/AEnt`, README), except
     `aent_warmup_steps` (the reference's example run used 29).
 
-    Parameters:
-        aent_clamp_fraction (`float`, *optional*, defaults to `0.3`):
-            Fraction `p` of the vocabulary (the `floor(p·V)` smallest logits) dropped before the clamped entropy is
-            computed; `0 ≤ p < 1`, `0` gives the full entropy.
-        aent_coef_init (`float`, *optional*, defaults to `2e-4`):
-            Initial bonus coefficient `λ_0`.
-        aent_entropy_low (`float`, *optional*, defaults to `0.05`):
-            Lower edge `H_low` of the clamped-entropy band: below it `λ` rises.
-        aent_entropy_high (`float`, *optional*, defaults to `0.23`):
-            Upper edge `H_high` of the band: above it `λ` falls.
-        aent_coef_lr (`float`, *optional*, defaults to `1e-3`):
-            Learning rate `α` of the coefficient.
-        aent_coef_min (`float`, *optional*, defaults to `1e-5`):
-            Lower bound `λ_min` of the coefficient box.
-        aent_coef_max (`float`, *optional*, defaults to `3e-3`):
-            Upper bound `λ_max` of the coefficient box.
-        aent_warmup_steps (`int`, *optional*, defaults to `0`):
-            Optimizer steps during which `λ` stays at `λ_0`; it moves after each generation cycle whose last optimizer
-            step's index exceeds this.
-        aent_adaptive (`bool`, *optional*, defaults to `True`):
-            Move `λ` with the controller; `False` keeps `λ = λ_0` for the whole run (the box is then unused).
+    Parameters (each field's `help` says more):
+        aent_clamp_fraction (`float`, defaults to `0.3`): fraction `p` of the vocabulary dropped, `0 ≤ p < 1`.
+        aent_coef_init (`float`, defaults to `2e-4`): initial bonus coefficient `λ_0`.
+        aent_entropy_low, aent_entropy_high (`float`, default to `0.05`, `0.23`): the band `[H_low, H_high]`.
+        aent_coef_lr (`float`, defaults to `1e-3`): learning rate `α` of the coefficient.
+        aent_coef_min, aent_coef_max (`float`, default to `1e-5`, `3e-3`): the box `[λ_min, λ_max]` of `λ`.
+        aent_warmup_steps (`int`, defaults to `0`): optimizer steps during which `λ` stays at `λ_0`.
+        aent_adaptive (`bool`, defaults to `True`): move `λ`; `False` keeps `λ = λ_0` (the box is then unused).
     """
 
     aent_clamp_fraction: float = field(
         default=0.3,
         metadata={
             "help": "AEnt clamp fraction p: the floor(p*V) smallest logits of each position are dropped before the "
-            "clamped entropy is computed; 0 <= p < 1, 0 gives the full entropy. Default 0.3 from the reference "
-            "implementation (AReaL recipe/AEnt README)."
+            "clamped entropy is computed; 0 <= p < 1, 0 gives the full entropy. Default: the reference "
+            "implementation (AReaL recipe/AEnt)."
         },
     )
     aent_coef_init: float = field(
         default=2e-4,
         metadata={
             "help": "Initial coefficient lambda_0 of the clamped-entropy bonus. Must lie in [aent_coef_min, "
-            "aent_coef_max] when aent_adaptive is on; any value >= 0 when it is off. Default 2e-4 from the "
-            "reference implementation (AReaL recipe/AEnt README)."
+            "aent_coef_max] when aent_adaptive is on; any value >= 0 when it is off. Default: the "
+            "reference implementation (AReaL recipe/AEnt)."
         },
     )
     aent_entropy_low: float = field(
         default=0.05,
         metadata={
             "help": "Lower edge H_low of the clamped-entropy band: while the step's mean clamped entropy is below it, "
-            "the coefficient rises. Default 0.05 from the reference implementation (AReaL recipe/AEnt README)."
+            "the coefficient rises. Default: the reference implementation (AReaL recipe/AEnt)."
         },
     )
     aent_entropy_high: float = field(
         default=0.23,
         metadata={
             "help": "Upper edge H_high of the clamped-entropy band: while the step's mean clamped entropy is above "
-            "it, the coefficient falls. Default 0.23 from the reference implementation (AReaL recipe/AEnt README)."
+            "it, the coefficient falls. Default: the reference implementation (AReaL recipe/AEnt)."
         },
     )
     aent_coef_lr: float = field(
         default=1e-3,
         metadata={
-            "help": "Learning rate alpha of the coefficient controller (>= 0). Default 1e-3 from the reference "
-            "implementation (AReaL recipe/AEnt README)."
+            "help": "Learning rate alpha of the coefficient controller (>= 0). Default: the reference "
+            "implementation (AReaL recipe/AEnt)."
         },
     )
     aent_coef_min: float = field(
         default=1e-5,
         metadata={
-            "help": "Lower bound lambda_min of the coefficient box (>= 0). Default 1e-5 from the reference "
-            "implementation (AReaL recipe/AEnt README)."
+            "help": "Lower bound lambda_min of the coefficient box (>= 0). Default: the reference "
+            "implementation (AReaL recipe/AEnt)."
         },
     )
     aent_coef_max: float = field(
         default=3e-3,
         metadata={
-            "help": "Upper bound lambda_max of the coefficient box (>= aent_coef_min). Default 3e-3 from the "
-            "reference implementation (AReaL recipe/AEnt README)."
+            "help": "Upper bound lambda_max of the coefficient box (>= aent_coef_min). Default: the "
+            "reference implementation (AReaL recipe/AEnt)."
         },
     )
     aent_warmup_steps: int = field(
@@ -209,38 +183,26 @@ class AEntConfig(EntropyGRPOConfig):
         },
     )
 
-    _aent_real_fields: ClassVar[tuple[str, ...]] = (
-        "aent_clamp_fraction",
-        "aent_coef_init",
-        "aent_entropy_low",
-        "aent_entropy_high",
-        "aent_coef_lr",
-        "aent_coef_min",
-        "aent_coef_max",
-    )
-
     def __post_init__(self):
         super().__post_init__()
-        for name in self._aent_real_fields:
-            value = getattr(self, name)
-            if not is_finite_number(value):
-                raise ValueError(f"{name} must be a finite real number, got {value!r}.")
-        p = self.aent_clamp_fraction
-        if not 0 <= p < 1:
-            raise ValueError(f"aent_clamp_fraction must lie in [0, 1), got {p!r}.")
+        reals = ("aent_clamp_fraction", "aent_coef_init", "aent_entropy_low", "aent_entropy_high", "aent_coef_lr")
+        for name in (*reals, "aent_coef_min", "aent_coef_max"):
+            if not is_finite_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite real number, got {getattr(self, name)!r}.")
+        if not 0 <= self.aent_clamp_fraction < 1:
+            raise ValueError(f"aent_clamp_fraction must lie in [0, 1), got {self.aent_clamp_fraction!r}.")
         for name in ("aent_entropy_low", "aent_entropy_high", "aent_coef_lr", "aent_coef_min", "aent_coef_init"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
-        if self.aent_entropy_low > self.aent_entropy_high:
-            raise ValueError(
-                f"aent_entropy_low={self.aent_entropy_low!r} is above aent_entropy_high={self.aent_entropy_high!r}; "
-                "the band needs aent_entropy_low <= aent_entropy_high."
-            )
-        if self.aent_coef_min > self.aent_coef_max:
-            raise ValueError(
-                f"aent_coef_min={self.aent_coef_min!r} is above aent_coef_max={self.aent_coef_max!r}; "
-                "the coefficient box needs aent_coef_min <= aent_coef_max."
-            )
+        for low, high, what in (
+            ("aent_entropy_low", "aent_entropy_high", "band"),
+            ("aent_coef_min", "aent_coef_max", "coefficient box"),
+        ):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"{low}={getattr(self, low)!r} is above {high}={getattr(self, high)!r}; the {what} needs "
+                    f"{low} <= {high}."
+                )
         if self.aent_adaptive and not self.aent_coef_min <= self.aent_coef_init <= self.aent_coef_max:
             raise ValueError(
                 f"aent_coef_init={self.aent_coef_init!r} lies outside the coefficient box [aent_coef_min, "
