@@ -1,0 +1,100 @@
+"""The guards against TRL drift (trl_entropy/core/drift.py): a later TRL that renames, re-signs or stops calling a
+method the base overrides must fail loudly, naming the TRL version and the method; TRL 1.16 passes both guards."""
+
+from importlib.metadata import version
+
+import pytest
+from conftest import build_trainer
+from trl import GRPOTrainer
+
+from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.drift import OVERRIDDEN_METHODS, check_trl_methods
+from trl_entropy.toy import build_toy_dataset, toy_reward
+
+
+TRL_VERSION = version("trl")
+
+
+def owners(name: str) -> list[type]:
+    """The classes above our base that define ``name``, nearest first."""
+    return [klass for klass in GRPOTrainer.__mro__ if name in vars(klass)]
+
+
+def test_the_guards_are_silent_on_the_supported_trl(toy_model_path, toy_tokenizer, tmp_path):
+    check_trl_methods(EntropyGRPOTrainer)
+    args = EntropyGRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = EntropyGRPOTrainer(
+        model=toy_model_path,
+        processing_class=toy_tokenizer,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8),
+    )
+    trainer.train()
+    assert trainer.loss_path.checked and trainer.loss_path.loss_steps > 0
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDDEN_METHODS))
+def test_a_method_trl_no_longer_has_fails_at_construction(name, monkeypatch):
+    for klass in owners(name):
+        monkeypatch.delattr(klass, name)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer has the method {name}\b"):
+        check_trl_methods(EntropyGRPOTrainer)
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDDEN_METHODS))
+def test_a_method_whose_parameters_changed_fails_at_construction(name, monkeypatch):
+    def resigned(self, renamed_argument, *args, **kwargs):
+        raise AssertionError("never called")
+
+    nearest = owners(name)[0]
+    monkeypatch.setattr(nearest, name, resigned)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: {nearest.__name__}\.{name} now takes"):
+        check_trl_methods(EntropyGRPOTrainer)
+
+
+def test_construction_runs_the_method_check(toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delattr(GRPOTrainer, "_compute_loss")
+    with pytest.raises(RuntimeError, match="no longer has the method _compute_loss"):
+        build_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+
+
+class TRLWithAnotherLossPath(GRPOTrainer):
+    """A later TRL, simulated: its ``compute_loss`` computes the loss by its own path instead of ``_compute_loss``."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return GRPOTrainer._compute_loss(self, model, inputs)
+
+
+class DriftedTrainer(EntropyGRPOTrainer, TRLWithAnotherLossPath):
+    """Our trainer built on that TRL (its method resolution puts the simulated TRL between us and GRPOTrainer)."""
+
+
+def test_a_loss_computed_around_ours_fails_the_first_step(toy_model_path, toy_tokenizer, tmp_path):
+    args = EntropyGRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = DriftedTrainer(
+        model=toy_model_path,
+        processing_class=toy_tokenizer,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8),
+    )
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: the first training step did not go through"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # stopped at the first step, not later
