@@ -13,6 +13,58 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 torch.set_num_threads(1)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Tiers by cost. Every test gets one of four markers: `pure` (pure functions, configs, source checks), `loss_step` (one
+# loss step or scoring pass against float64 or trl.GRPOTrainer), `training` (short in-process training), `launch`
+# (subprocesses and multi-process launches). A file's tier is that of its costliest in-process test; the launches
+# are named one by one. `-m "not launch"` is the quick loop (README).
+# ---------------------------------------------------------------------------------------------------------------------
+
+FILE_TIERS = {
+    "test_rewards.py": "pure",
+    "test_layout.py": "pure",
+    "test_kernel.py": "pure",
+    "test_kernel_triton.py": "pure",
+    "test_bad_input.py": "loss_step",
+    "test_base_parity.py": "loss_step",
+    "test_model_families.py": "loss_step",
+    "test_adapo.py": "training",
+    "test_aent.py": "training",
+    "test_repo.py": "training",
+    "test_cov.py": "training",
+    "test_base.py": "training",
+}
+LAUNCHES = {
+    "test_base.py": {
+        "test_wheel_installs_kernels_inside_the_package",
+        "test_a_plain_install_brings_neither_triton_nor_liger",
+    },
+    "test_cov.py": {"test_two_processes_select_and_train_like_one"},
+    "test_distributed.py": "all",
+    "test_examples.py": {
+        "test_train_runs_every_method",
+        "test_train_yaml_config_and_command_line_override",
+        "test_train_use_peft_trains_a_lora_adapter",
+        "test_train_command_line_error_as_a_process",
+        "test_train_real_model_on_a_local_math_dataset",
+    },
+    "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
+    "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},
+    "test_trainer_api.py": {"test_liger_layer_kernels_keep_the_entropy_head"},
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        file = item.path.name
+        launches = LAUNCHES.get(file, ())
+        if launches == "all" or item.originalname in launches:
+            tier = "launch"
+        else:
+            tier = FILE_TIERS.get(file, "training")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.fixture(scope="session")
 def toy_tokenizer():
     from trl_entropy.toy import build_toy_tokenizer
@@ -87,21 +139,20 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def toy_config(config_class, output_dir="unused", **options):
+    """The one config builder of the tests: ``config_class`` on the CPU in fp32, logging nowhere, plus ``options``."""
+    return config_class(**{"output_dir": str(output_dir), "report_to": [], "use_cpu": True, "bf16": False, **options})
+
+
+# The micro-batch of the hand-driven loss-step tests: 4 completions of one prompt, at most 6 tokens.
+SMALL_BATCH = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
+
+
 def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
     """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
     from trl_entropy.toy import build_toy_dataset, toy_reward
 
-    args = config_class(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        gradient_accumulation_steps=accumulation,
-        **options,
-    )
+    args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
     trainer = trainer_class(
         model=path,
         reward_funcs=toy_reward,

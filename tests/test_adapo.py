@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync
+from conftest import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync, toy_config
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
@@ -19,7 +19,7 @@ from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer
 
 
 def make_config(tmp_path, **options):
-    return ADAPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], **options)
+    return toy_config(ADAPOConfig, tmp_path, **options)
 
 
 def test_config_defaults(tmp_path):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import build_trainer as shared_build_trainer
+from conftest import build_trainer as shared_build_trainer, toy_config
 from conftest import loss_and_gradients, make_grpo_batch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -61,7 +61,7 @@ def token_mean(values, mask):
 
 
 def make_config(tmp_path, **options):
-    return AEntConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **options)
+    return toy_config(AEntConfig, tmp_path, **options)
 
 
 def test_config_defaults_are_the_reference_values(tmp_path):

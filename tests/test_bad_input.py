@@ -14,7 +14,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import make_grpo_batch, toy_config
 from distributed_run import ADAPTIVE_METHODS, ControllerRecorder, make_rollout, make_trainer, rollout_text
 from transformers import LlamaModel
 from trl import GRPOConfig, GRPOTrainer
@@ -95,7 +95,7 @@ REDEFINED_TRL_FIELDS = {ADAPOConfig: {"epsilon_high"}}
 
 
 def config(config_class, **options):
-    return config_class(output_dir="unused", report_to=[], use_cpu=True, **options)
+    return toy_config(config_class, **options)
 
 
 @pytest.mark.parametrize(

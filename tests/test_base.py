@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_grpo_batch
+from conftest import SMALL_BATCH, make_grpo_batch, toy_config
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
@@ -21,16 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def config(tmp_path, **options):
-    defaults = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-    )
-    return EntropyGRPOConfig(**{**defaults, **options})
+    return toy_config(EntropyGRPOConfig, tmp_path, **{**SMALL_BATCH, **options})
 
 
 class RecordingController(Controller):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_grpo_batch, naive_log_probs
+from conftest import make_grpo_batch, naive_log_probs, toy_config
 from cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
 from distributed_run import finish, launch_two_processes, make_trainer
 from transformers import AutoModelForCausalLM
@@ -380,7 +380,7 @@ def test_pooled_covariance_centres_over_the_whole_pool():
 
 
 def make_config(config_class, tmp_path, **options):
-    return config_class(output_dir=str(tmp_path), use_cpu=True, bf16=False, **options)
+    return toy_config(config_class, tmp_path, **options)
 
 
 def test_config_defaults(tmp_path):

@@ -144,3 +144,33 @@ def test_liger_layer_kernels_keep_the_entropy_head(method, toy_model_path, tmp_p
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("entropy head kept")
+
+
+# What each trainer's model card must say: the method, its paper (title and arXiv id) and its tag; the base is GRPO.
+MODEL_CARDS = {
+    "EntropyGRPOTrainer": ("GRPO", "DeepSeekMath", "2402.03300", "trl-entropy"),
+    "AEntTrainer": ("AEnt", "On Entropy Control in LLM-RL Algorithms", "2509.03493", "aent"),
+    "ClipCovTrainer": ("Clip-Cov", "The Entropy Mechanism of Reinforcement Learning", "2505.22617", "clip-cov"),
+    "KLCovTrainer": ("KL-Cov", "The Entropy Mechanism of Reinforcement Learning", "2505.22617", "kl-cov"),
+    "REPOTrainer": ("REPO", "Entropy-Preserving Reinforcement Learning", "2603.11682", "repo"),
+    "ADAPOTrainer": ("ADAPO", "Entropy-Preserving Reinforcement Learning", "2603.11682", "adapo"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINERS))
+def test_the_model_card_names_the_method_and_cites_its_paper_next_to_grpos(name, toy_model_path, tmp_path):
+    method = TRAINERS[name]
+    args = method.config_class(output_dir=str(tmp_path), **{**COMMON, **method.defaults})
+    trainer = method.trainer_class(
+        model=toy_model_path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(8)
+    )
+    trainer.create_model_card(model_name="toy")
+    card = (tmp_path / "README.md").read_text()
+    method_name, title, arxiv_id, tag = MODEL_CARDS[name]
+    assert f"trained with {method_name}" in card
+    assert title in card and arxiv_id in card
+    assert f"- {tag}\n" in card
+    assert "@article{shao2024deepseekmath" in card  # GRPO's own citation stays
+    if name != "EntropyGRPOTrainer":
+        ours = card.split("@article{shao2024deepseekmath")[0]  # the method's entry comes first
+        assert card.count("@misc{") == 1 and f"eprint        = {{{arxiv_id}}}" in ours

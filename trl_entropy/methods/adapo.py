@@ -1,5 +1,5 @@
 """ADAPO: adaptive asymmetric clipping on DAPO ("Entropy-Preserving Reinforcement Learning", Petrenko et al.,
-arXiv:2603.11682, §5.2).
+arXiv:2603.11682, §5.2; docs/adapo.md).
 
 DAPO clips the importance ratio asymmetrically, ``clip(r, 1 − ε_low, 1 + ε_high)`` with ``ε_high > ε_low``: a larger
 ``ε_high`` lets low-probability tokens with positive advantage grow further, which raises entropy (arXiv:2603.11682
@@ -14,6 +14,7 @@ gradient_accumulation_steps``); on-policy its config warns.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ..core.citation import method_paper
 from ..core.config import (
     EntropyGRPOConfig,
     is_finite_number,
@@ -153,6 +154,10 @@ class ADAPOTrainer(EntropyGRPOTrainer):
 
     config_class = ADAPOConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "adapo"]
+    _name = "ADAPO"  # the model card: "trained with ADAPO", citing its paper next to GRPO's
+    _paper = method_paper(
+        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+    )
 
     def build_controllers(self) -> list[Controller]:
         args = self.args

@@ -1,7 +1,5 @@
 """AEnt: a clamped-entropy bonus with an adaptive coefficient ("On Entropy Control in LLM-RL Algorithms",
-arXiv:2509.03493).
-
-The loss of each micro-batch is
+arXiv:2509.03493; docs/aent.md). The loss of each micro-batch is
 
     L = L_GRPO − λ · (Σ_t m_t H^c_t / Σ_t m_t)
 
@@ -22,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
+from ..core.citation import method_paper
 from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.statistics import masked_mean
@@ -228,6 +227,8 @@ class AEntTrainer(EntropyGRPOTrainer):
 
     config_class: ClassVar[type] = AEntConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
+    _name = "AEnt"  # the model card: "trained with AEnt", citing its paper next to GRPO's
+    _paper = method_paper("aent2025entropycontrol", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, None)
 
     @property
     def aent_coef(self) -> float:

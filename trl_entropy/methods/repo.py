@@ -1,7 +1,5 @@
 """REPO: Regulated Entropy Policy Optimization, REPO-D and REPO-R ("Entropy-Preserving Reinforcement Learning",
-Petrenko et al., arXiv:2603.11682, §5.1, App. A.7, D.2).
-
-REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled
+Petrenko et al., arXiv:2603.11682, §5.1, App. A.7, D.2; docs/repo.md). REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled
 token's log-prob under the current forward pass, detached (``ℓ^s_t = ℓ_t.detach()``, "already available during the
 forward pass"; on-policy it equals the rollout's), and a centring term ``c_t``:
 
@@ -23,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.batch import CompletionBatch
+from ..core.citation import method_paper
 from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus, validate_entropy_target
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.trainer import EntropyGRPOTrainer
@@ -227,6 +226,10 @@ class REPOTrainer(EntropyGRPOTrainer):
 
     config_class = REPOConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "repo"]
+    _name = "REPO"  # the model card: "trained with REPO", citing its paper next to GRPO's
+    _paper = method_paper(
+        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+    )
 
     def build_controllers(self) -> list[Controller]:
         args = self.args
