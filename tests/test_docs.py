@@ -11,8 +11,10 @@ deterministic), without paying for the warm start every time.
 import ast
 import importlib.util
 import re
+import sys
 import shlex
 import textwrap
+import types
 import warnings
 from pathlib import Path
 
@@ -73,7 +75,10 @@ def test_snippet_runs(path, index, code, toy_policy_cache, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     try:
-        exec(compile(code, f"{path.name}[{index}]", "exec"), {"__name__": "__main__"})
+        # Run as a script runs: its module is __main__ (pickling a class it defines looks it up there).
+        script = types.ModuleType("__main__")
+        monkeypatch.setitem(sys.modules, "__main__", script)
+        exec(compile(code, f"{path.name}[{index}]", "exec"), script.__dict__)
     finally:
         torch.set_num_threads(threads)
 
