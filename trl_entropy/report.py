@@ -405,7 +405,10 @@ def _draw(report: Report, smoothing: int | None) -> None:
         panels.append(("Nothing to draw", lambda axis: _draw_nothing(axis, report)))
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.4 * columns, 3.9 * rows), squeeze=False)
+    legend_rows = -(-len(runs) // 8) if several else 0
+    header = 0.3 + 0.22 * legend_rows  # inches above the panels: the title, then the runs' colours
+    height = 3.9 * rows + header
+    figure, axes = plt.subplots(rows, columns, figsize=(5.4 * columns, height), squeeze=False)
     for axis, (panel_title, drawer) in zip(axes.flat, panels):
         drawer(axis)
         axis.set_title(panel_title, fontsize=10)
@@ -414,12 +417,20 @@ def _draw(report: Report, smoothing: int | None) -> None:
         axis.remove()
     windows = sorted({_window(run, smoothing) for run in runs})
     subtitle = f"faint: logged values; solid: trailing mean over {'/'.join(map(str, windows))} logged value(s)"
-    names = ", ".join(run.name for run in runs)
-    figure.suptitle(f"{names}\n{subtitle}", fontsize=10)
+    title = subtitle if several else f"{runs[0].name}: {subtitle}"
+    figure.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     if several:
         handles = [plt.Line2D([], [], color=colour, linewidth=2.5) for colour in colours]
-        figure.legend(handles, [run.name for run in runs], loc="upper right", fontsize=9, frameon=False)
-    figure.tight_layout()
+        figure.legend(
+            handles,
+            [run.name for run in runs],
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1 - 0.3 / height),
+            ncol=min(len(runs), 8),
+            fontsize=9,
+            frameon=False,
+        )
+    figure.tight_layout(rect=(0, 0, 1, 1 - header / height))
     figure.savefig(report.png, dpi=80)
     report.panels = [axis.get_title() for axis in figure.axes if axis.get_title()]
     plt.close(figure)
@@ -432,6 +443,8 @@ def _window(run: RunLog, smoothing: int | None) -> int:
 
 
 def _curve_drawer(runs, colours, key, ylabel, smoothing, smooth=True):
+    from matplotlib.ticker import MaxNLocator
+
     def draw(axis):
         low, high = math.inf, -math.inf
         for run, colour in zip(runs, colours):
@@ -460,6 +473,7 @@ def _curve_drawer(runs, colours, key, ylabel, smoothing, smooth=True):
                             color=colour,
                         )
         axis.set(xlabel="optimizer step", ylabel=ylabel)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.ticklabel_format(axis="y", useOffset=False)
         if high - low <= 1e-9 * max(abs(high), 1e-12):  # a constant: centre it instead of magnifying rounding noise
             margin = 0.1 * abs(high) if high else 1.0
@@ -473,7 +487,7 @@ def _format(value) -> str:
 
 
 def _draw_law(axis, report: Report, colours) -> None:
-    high = 0.0
+    high, fitted = 0.0, False
     for run, colour in zip(report.runs, colours):
         entropies, rewards = run.pairs()
         if not entropies.size:
@@ -485,7 +499,7 @@ def _draw_law(axis, report: Report, colours) -> None:
             axis.scatter(entropies, rewards, s=14, color=colour, alpha=0.6, label=label)
             continue
         axis.scatter(entropies, rewards, s=14, color=colour, alpha=0.35)
-        law = fit.law
+        fitted, law = True, fit.law
         label = (
             f"a = {law.a:.3g}, b = {law.b:.3g}, ceiling b − a = {law.ceiling:.3g}\n"
             f"R² = {_format(fit.r_squared)}, n = {law.num_points}"
@@ -497,7 +511,8 @@ def _draw_law(axis, report: Report, colours) -> None:
         extrapolated = np.linspace(0.0, entropies.min(), 50)  # to the ceiling at H = 0
         axis.plot(extrapolated, law.predict(extrapolated), color=colour, linewidth=1, linestyle=":")
         axis.plot([0.0], [law.ceiling], marker="*", markersize=10, color=colour)
-    axis.set_xlim(left=0.0, right=high * 1.05 if high > 0 else None)
+    if fitted:  # down to H = 0, where the dotted extrapolations reach the predicted ceilings (stars)
+        axis.set_xlim(left=0.0, right=high * 1.05 if high > 0 else None)
     axis.set(xlabel="mean token entropy H (nats)", ylabel="mean reward R")
     axis.legend(fontsize=7.5, loc="best")
 
@@ -539,6 +554,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 def _draw_pass_at_k_by_step(axis, runs, colours) -> None:
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     all_ks = sorted({k for run in runs for k in run.pass_at_k()})
     for run, colour in zip(runs, colours):
@@ -552,6 +568,7 @@ def _draw_pass_at_k_by_step(axis, runs, colours) -> None:
     ]
     axis.legend(handles, [f"k = {k}" for k in all_ks], fontsize=7.5, loc="best", ncol=2)
     axis.set(xlabel="optimizer step", ylabel="pass@k")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _draw_nothing(axis, report: Report) -> None:
