@@ -557,8 +557,12 @@ def _draw_pass_at_k_by_step(axis, runs, colours) -> None:
     from matplotlib.ticker import MaxNLocator
 
     all_ks = sorted({k for run in runs for k in run.pass_at_k()})
+    if len(runs) > 1 and len(all_ks) > 2:  # several runs: the smallest and the largest k only, or it is a tangle
+        all_ks = [all_ks[0], all_ks[-1]]
     for run, colour in zip(runs, colours):
         for k, (steps, values) in run.pass_at_k().items():
+            if k not in all_ks:
+                continue
             index = all_ks.index(k)
             style = {"linestyle": LINESTYLES[index % len(LINESTYLES)], "marker": MARKERS[index % len(MARKERS)]}
             axis.plot(steps, values, color=colour, markersize=4, linewidth=1.4, **style)
