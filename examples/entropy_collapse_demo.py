@@ -37,7 +37,7 @@ def require_matplotlib() -> None:
     except ImportError as error:
         print(
             f"entropy_collapse_demo.py: error: the demo draws its curves with matplotlib, which cannot be imported "
-            f'({error}). Install the \'plot\' extra: pip install -e ".[plot]" (in the trl_entropy clone), or: '
+            f"({error}). Install the 'plot' extra: pip install -e \".[plot]\" (in the trl_entropy clone), or: "
             "pip install matplotlib",
             file=sys.stderr,
         )

@@ -152,8 +152,13 @@ def test_synthetic_log_panels_and_numbers(tmp_path):
 
     found = tables(report.markdown.read_text())
     assert found["Runs"] == [
-        {"run": "my-run", "log read": "`trainer_state.json`", "log entries": str(len(history)), "last step": "60",
-         "smoothing window": "6"}
+        {
+            "run": "my-run",
+            "log read": "`trainer_state.json`",
+            "log entries": str(len(history)),
+            "last step": "60",
+            "smoothing window": "6",
+        }
     ]
     (row,) = found["Entropy and reward (logged values)"]
     for key in ("entropy", "reward"):
@@ -217,7 +222,9 @@ def test_degenerate_law_is_not_drawn_and_says_why(entropies, reason, tmp_path):
 
 def test_missing_metrics_leave_their_panels_out(tmp_path):
     # Entropy only: no reward panel, no law, no controllers, no pass@k, one line each.
-    report = write_report(write_state(tmp_path / "entropy-only", [{"entropy": 0.5 - 0.01 * s, "step": s} for s in range(1, 6)]))
+    report = write_report(
+        write_state(tmp_path / "entropy-only", [{"entropy": 0.5 - 0.01 * s, "step": s} for s in range(1, 6)])
+    )
     assert report.panels == [ENTROPY_PANEL]
     assert report.left_out == [
         "reward: left out, the run did not log 'reward'",
@@ -246,7 +253,9 @@ def test_moving_average_against_a_direct_sum():
 def test_the_latest_checkpoint_is_read(tmp_path):
     run = tmp_path / "run"
     for step in (2, 9, 10):  # checkpoint-10 is the latest, though "checkpoint-9" sorts after it as text
-        write_state(run / f"checkpoint-{step}", [{"entropy": 0.5, "reward": 0.1, "step": s} for s in range(1, step + 1)])
+        write_state(
+            run / f"checkpoint-{step}", [{"entropy": 0.5, "reward": 0.1, "step": s} for s in range(1, step + 1)]
+        )
     (run / "checkpoint-11").mkdir()  # a checkpoint folder without a state (an interrupted save) is passed over
     log = read_run(run)
     assert log.source == run / "checkpoint-10" / "trainer_state.json" and len(log.history) == 10
@@ -277,6 +286,10 @@ def test_folders_without_a_log_history_are_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(empty), "--smoothing", "0"])
     assert "--smoothing must be at least 1 logged value, got 0" in capsys.readouterr().err
+    run = write_state(tmp_path / "run", [{"entropy": 0.5, "step": 1}])
+    with pytest.raises(SystemExit):
+        main([str(run), str(run / "trainer_state.json")])
+    assert "the same log was given more than once" in capsys.readouterr().err
 
 
 def test_command_line_output_folder_and_smoothing(tmp_path, capsys):
@@ -292,8 +305,11 @@ def test_command_line_output_folder_and_smoothing(tmp_path, capsys):
 
 def test_the_plot_extra_and_the_console_script_are_declared():
     tree = ast.parse((ROOT / "setup.py").read_text())
-    keywords = {node.arg: ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.keyword)
-                and node.arg in ("extras_require", "entry_points")}
+    keywords = {
+        node.arg: ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg in ("extras_require", "entry_points")
+    }
     assert keywords["extras_require"]["plot"] == ["matplotlib"]
     assert "matplotlib" in keywords["extras_require"]["dev"]  # the tests draw
     assert "trl-entropy = trl_entropy.report:main" in keywords["entry_points"]["console_scripts"]
@@ -342,13 +358,23 @@ def test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra(tmp_pa
 # name: (trainer, config, options, the controller key it logs)
 RUNS = {
     "grpo": (GRPOTrainer, GRPOConfig, {}, None),
-    "entreg": (EntropyGRPOTrainer, EntropyGRPOConfig, {"entropy_coef": 1e-3, "use_adaptive_entropy": True}, "entropy_coef"),
+    "entreg": (
+        EntropyGRPOTrainer,
+        EntropyGRPOConfig,
+        {"entropy_coef": 1e-3, "use_adaptive_entropy": True},
+        "entropy_coef",
+    ),
     "aent": (AEntTrainer, AEntConfig, {}, "aent/coef"),
     "clip_cov": (ClipCovTrainer, ClipCovConfig, {"num_iterations": 2}, "clip_cov/detached_fraction"),
     "kl_cov": (KLCovTrainer, KLCovConfig, {"num_iterations": 2}, "kl_cov/penalised_fraction"),
     "repo": (REPOTrainer, REPOConfig, {}, "repo/beta"),
     # Checkpoints only (no save_state): the report reads the latest one.
-    "adapo": (ADAPOTrainer, ADAPOConfig, {"num_iterations": 2, "save_strategy": "steps", "save_steps": 1}, "adapo/epsilon_high"),
+    "adapo": (
+        ADAPOTrainer,
+        ADAPOConfig,
+        {"num_iterations": 2, "save_strategy": "steps", "save_steps": 1},
+        "adapo/epsilon_high",
+    ),
     "pass_at_k": (GRPOTrainer, GRPOConfig, {"eval_strategy": "steps", "eval_steps": 1}, None),
 }
 
@@ -442,7 +468,10 @@ def test_report_on_several_runs(trained_runs, tmp_path, capsys):
     for title in [ENTROPY_PANEL, REWARD_PANEL, *(TITLES[RUNS[name][3]] for name in RUNS if RUNS[name][3])]:
         assert title in drawn
     assert LAW_PANEL in drawn and all(title in drawn for title in PASS_PANELS)
-    assert "trl-entropy report: aent/coef: not logged by grpo, entreg, clip_cov, kl_cov, repo, adapo, pass_at_k" in printed
+    assert (
+        "trl-entropy report: aent/coef: not logged by grpo, entreg, clip_cov, kl_cov, repo, adapo, pass_at_k"
+        in printed
+    )
     found = tables((tmp_path / "all" / "report.md").read_text())
     assert [row["run"] for row in found["Runs"]] == list(RUNS)  # one row, one colour a run, named by folder
     controllers = {row["metric"]: row["run"] for row in found["Controllers (logged values)"]}

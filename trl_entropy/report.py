@@ -150,7 +150,9 @@ class RunLog:
 
     def pass_at_k(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """``{k: (steps, values)}`` of every ``eval/pass@k`` logged."""
-        ks = sorted({int(match.group(1)) for entry in self.history for key in entry if (match := PASS_AT_K.fullmatch(key))})
+        ks = sorted(
+            {int(match.group(1)) for entry in self.history for key in entry if (match := PASS_AT_K.fullmatch(key))}
+        )
         return {k: self.series(f"eval/pass@{k}") for k in ks if self.has(f"eval/pass@{k}")}
 
 
@@ -171,7 +173,9 @@ def find_trainer_state(run_dir: str | os.PathLike) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise RunLogError(f"{path}: no such folder (give the run's output_dir, a checkpoint folder or a {TRAINER_STATE})")
+        raise RunLogError(
+            f"{path}: no such folder (give the run's output_dir, a checkpoint folder or a {TRAINER_STATE})"
+        )
     candidates = []
     checkpoints = [
         (int(match.group(1)), child / TRAINER_STATE)
@@ -206,7 +210,9 @@ def read_run(run_dir: str | os.PathLike, name: str | None = None) -> RunLog:
             "optimizer steps)"
         )
     folder = Path(run_dir) if Path(run_dir).is_dir() else source.parent
-    return RunLog(name or folder.resolve().name, folder, source, [entry for entry in history if isinstance(entry, dict)])
+    return RunLog(
+        name or folder.resolve().name, folder, source, [entry for entry in history if isinstance(entry, dict)]
+    )
 
 
 def run_names(folders: list[Path]) -> list[str]:
@@ -330,6 +336,10 @@ def write_report(run_dirs, output_dir=None, smoothing: int | None = None) -> Rep
     if problem:
         raise ImportError(problem)
     runs = [read_run(path) for path in run_dirs]
+    sources = [run.source.resolve() for run in runs]
+    repeated = sorted({str(source) for source in sources if sources.count(source) > 1})
+    if repeated:
+        raise RunLogError(f"the same log was given more than once: {', '.join(repeated)}; name each run once")
     for run, name in zip(runs, run_names([run.folder for run in runs])):
         run.name = name
     output = Path(output_dir) if output_dir is not None else default_output([run.folder for run in runs])
@@ -390,9 +400,7 @@ def _draw(report: Report, smoothing: int | None) -> None:
         panels.append(("pass@k against k (last evaluation)", lambda axis: _draw_pass_at_k_by_k(axis, runs, colours)))
         panels.append(("pass@k against the step", lambda axis: _draw_pass_at_k_by_step(axis, runs, colours)))
     else:
-        report.left_out.append(
-            f"pass@k: left out, {none_logged('eval/pass@k')} (trl_entropy.PassAtKCallback logs it)"
-        )
+        report.left_out.append(f"pass@k: left out, {none_logged('eval/pass@k')} (trl_entropy.PassAtKCallback logs it)")
     if several:
         for panel_title, _ in panels:
             if panel_title in {p.title for p in CONTROLLER_PANELS}:
@@ -620,7 +628,11 @@ def _markdown(report: Report, smoothing: int | None) -> str:
         row = [run.name]
         for key in (ENTROPY, REWARD):
             values = run.series(key)[1]
-            row += [_format(values[0]), _format(values[-1]), _format(values.min()), _format(values.max())] if values.size else ["n/a"] * 4
+            row += (
+                [_format(values[0]), _format(values[-1]), _format(values.min()), _format(values.max())]
+                if values.size
+                else ["n/a"] * 4
+            )
         rows.append(row)
     lines += _table(
         ["run", "entropy first", "entropy last", "entropy min", "entropy max"]
@@ -640,11 +652,31 @@ def _markdown(report: Report, smoothing: int | None) -> str:
         )
         if fit is None or fit.law is None:
             reason = "no entropy and reward logged" if fit is None else fit.reason
-            rows.append([run.name, "n/a", "n/a", "n/a", "n/a", str(fit.num_pairs if fit else 0), f"no fit: {reason}", logged_text])
+            rows.append(
+                [
+                    run.name,
+                    "n/a",
+                    "n/a",
+                    "n/a",
+                    "n/a",
+                    str(fit.num_pairs if fit else 0),
+                    f"no fit: {reason}",
+                    logged_text,
+                ]
+            )
         else:
             law = fit.law
             rows.append(
-                [run.name, _format(law.a), _format(law.b), _format(law.ceiling), _format(fit.r_squared), str(law.num_points), "fitted", logged_text]
+                [
+                    run.name,
+                    _format(law.a),
+                    _format(law.b),
+                    _format(law.ceiling),
+                    _format(fit.r_squared),
+                    str(law.num_points),
+                    "fitted",
+                    logged_text,
+                ]
             )
     lines += _table(
         ["run", "a", "b", "ceiling b − a", "R²", "points", "fit", "logged by EntropyLawCallback (last)"], rows
@@ -656,7 +688,14 @@ def _markdown(report: Report, smoothing: int | None) -> str:
             values = run.series(panel.key)[1]
             if values.size:
                 controller_rows.append(
-                    [panel.key, run.name, _format(values[0]), _format(values[-1]), _format(values.min()), _format(values.max())]
+                    [
+                        panel.key,
+                        run.name,
+                        _format(values[0]),
+                        _format(values[-1]),
+                        _format(values.min()),
+                        _format(values.max()),
+                    ]
                 )
     if controller_rows:
         lines += ["", "## Controllers (logged values)", ""]
@@ -666,7 +705,10 @@ def _markdown(report: Report, smoothing: int | None) -> str:
     for run in report.runs:
         curves = run.pass_at_k()
         for step in sorted({float(s) for steps, _ in curves.values() for s in steps}):
-            pass_rows.append([run.name, f"{step:g}"] + [_format(_value_at(curves[k], step)) if k in curves else "n/a" for k in all_ks])
+            pass_rows.append(
+                [run.name, f"{step:g}"]
+                + [_format(_value_at(curves[k], step)) if k in curves else "n/a" for k in all_ks]
+            )
     if pass_rows:
         lines += ["", "## pass@k (held-out)", ""]
         lines += _table(["run", "step"] + [f"pass@{k}" for k in all_ks], pass_rows)
