@@ -49,6 +49,8 @@ setup(
         # Liger's layer kernels (`use_liger_kernel=True`, on a GPU) and the kernel benchmark's Liger comparison.
         "liger": ["liger-kernel>=0.8.2"],
         "vllm": ["vllm"],
+        # Drawing: the entropy-collapse demo's PNG and `trl-entropy report` (trl_entropy/report.py).
+        "plot": ["matplotlib"],
         # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison.
         "dev": [
             "pytest>=8",
@@ -64,4 +66,6 @@ setup(
             "liger-kernel>=0.8.2",
         ],
     },
+    # `trl-entropy report RUN_DIR ...`: pictures of a run's log (needs the plot extra).
+    entry_points={"console_scripts": ["trl-entropy = trl_entropy.report:main"]},
 )

@@ -25,13 +25,34 @@ transformers / trl versions and the git commit) into `--output_dir`, and shows a
 about 5 minutes on two free cores (docs/demo.md has the measurements).
 """
 
+# The matplotlib check comes before the slow imports (torch, transformers, TRL), so the imports after it are late.
+# ruff: noqa: E402
+import sys
+
+
+def require_matplotlib() -> None:
+    """Stop (status 2) before any training when the PNG could not be drawn, naming the extra that installs it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        print(
+            f"entropy_collapse_demo.py: error: the demo draws its curves with matplotlib, which cannot be imported "
+            f"({error}). Install the 'plot' extra: pip install -e \".[plot]\" (in the trl_entropy clone), or: "
+            "pip install matplotlib",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    require_matplotlib()
+
 import json
 import math
 import os
 import platform
 import queue
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -717,6 +738,7 @@ def cpu_seconds() -> float:
 def main(demo: DemoArguments) -> dict[str, dict]:
     from trl_entropy.toy import build_toy_policy
 
+    require_matplotlib()
     settings = {name: run_settings(name, demo) for name in demo.methods}  # fail before any training on a bad run
     provenance = versions()
     os.makedirs(demo.output_dir, exist_ok=True)
@@ -812,13 +834,6 @@ def main(demo: DemoArguments) -> dict[str, dict]:
         )
     with open(os.path.join(demo.output_dir, "table.md"), "w") as file:
         file.write("\n\n".join(tables) + "\n")
-    png = os.path.join(demo.output_dir, "entropy_collapse.png")
-    seed_text = f"seed {demo.seed}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
-    title = (
-        f"Toy task, {demo.num_prompts} prompts per task, {demo.max_steps} + {demo.phase2_steps} steps, {seed_text}, "
-        + ("library defaults" if demo.paper_defaults else "settings of examples/configs")
-    )
-    plot(phase1_histories, phase2_histories, summaries, initial_pass_at_k, png, demo.smoothing, title)
     print()
     print(
         f"Phase 1, task A (addition); the start policy: pass@1 {initial_pass_at_k[1]:.3f}, "
@@ -828,6 +843,14 @@ def main(demo: DemoArguments) -> dict[str, dict]:
     if demo.phase2_steps:
         print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {initial_b:.3f}")
         print(format_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
+    # The picture last: the tables and history.json are out even if drawing fails.
+    png = os.path.join(demo.output_dir, "entropy_collapse.png")
+    seed_text = f"seed {demo.seed}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
+    title = (
+        f"Toy task, {demo.num_prompts} prompts per task, {demo.max_steps} + {demo.phase2_steps} steps, {seed_text}, "
+        + ("library defaults" if demo.paper_defaults else "settings of examples/configs")
+    )
+    plot(phase1_histories, phase2_histories, summaries, initial_pass_at_k, png, demo.smoothing, title)
     print(f"\nCurves: {png}")
     print(f"Total: {total_time:.0f} s wall, {total_cpu:.0f} s of CPU time over {demo.workers} worker(s)")
     if any(not math.isfinite(summary["final_entropy"]) for summary in summaries.values()):
