@@ -391,6 +391,7 @@ def main(argv: list[str]) -> None:
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json beside the model: what `trl-entropy report` reads
     if trainer.accelerator.is_main_process:
         saved = "LoRA adapter" if model_args.use_peft else "model"
         print(f"train.py: saved the {saved} to {training_args.output_dir}", file=sys.stderr)

@@ -211,9 +211,9 @@ CYCLES = {
 @pytest.mark.parametrize("setting", sorted(CYCLES))
 @pytest.mark.parametrize("method", ["aent", "repo_r", "adapo"])
 def test_controllers_update_once_per_generation_cycle(method, setting, warm_toy_policy_path, tmp_path):
-    """The controllers' timing: the statistic is the token mean over every micro-batch of the cycle; the controller updates once, at
-    the optimizer step that ends the cycle (an optimizer step spanning two cycles: at its end), and its value holds in
-    between."""
+    """The controllers' timing: the statistic is the token mean over every micro-batch of the cycle; the controller
+    updates once, at the optimizer step that ends the cycle (an optimizer step spanning two cycles: at its end), and
+    its value holds in between."""
     accumulation, options, update_steps = CYCLES[setting]
     if method == "aent":
         options = dict(options, aent_clamp_fraction=0.0)  # AEnt's statistic is then the full entropy, computed below

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import build_trainer as shared_build_trainer, toy_config
-from conftest import loss_and_gradients, make_grpo_batch
+from conftest import build_trainer as shared_build_trainer
+from conftest import loss_and_gradients, make_grpo_batch, toy_config
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 

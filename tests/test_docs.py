@@ -11,8 +11,8 @@ deterministic), without paying for the warm start every time.
 import ast
 import importlib.util
 import re
-import sys
 import shlex
+import sys
 import textwrap
 import types
 import warnings

@@ -84,6 +84,7 @@ def test_train_runs_every_method(method, toy_cache, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     output_dir = tmp_path / "outputs" / f"{method}-toy"  # the default folder, relative to where the user runs it
     assert (output_dir / "model.safetensors").exists()
+    assert json.loads((output_dir / "trainer_state.json").read_text())["log_history"]  # what the run report reads
     assert f"saved the model to outputs/{method}-toy" in result.stderr
     # Known upstream noise stays out of the output (the script filters it); anything else would show here.
     assert "FutureWarning" not in result.stderr and "Setting accelerator to CPU" not in result.stderr

@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS_DIR = ROOT / "trl_entropy" / "methods"
 METHOD_FILES = sorted(path for path in METHODS_DIR.glob("*.py") if path.name != "__init__.py")
 # The registered methods' own modules (cov_selection.py is machinery Clip-Cov and KL-Cov share, not a method).
-METHOD_MODULES = sorted(
-    {m.trainer_class.__module__ for m in METHODS.values()} - {EntropyGRPOTrainer.__module__}
-)
+METHOD_MODULES = sorted({m.trainer_class.__module__ for m in METHODS.values()} - {EntropyGRPOTrainer.__module__})
 
 
 def tree(path: Path) -> ast.Module:
@@ -65,7 +63,8 @@ def test_no_method_imports_another_method(path):
             module = node.module or ""
             absolute = f"trl_entropy.methods.{module}" if node.level == 1 else module
             assert absolute not in others, f"{path.name} imports the method {absolute}"
-            assert not (node.level == 1 and not module and others & {f"trl_entropy.methods.{a.name}" for a in node.names})
+            siblings = {f"trl_entropy.methods.{alias.name}" for alias in node.names}
+            assert not (node.level == 1 and not module and others & siblings)
 
 
 def section(node: ast.stmt) -> int | None:

@@ -85,7 +85,8 @@ def test_logit_transform_is_read_as_trl_reads_it():
 
 
 def naive_clamped_entropy(logits: torch.Tensor, clamp_fraction: float) -> torch.Tensor:
-    """AEnt's clamped entropy (arXiv:2509.03493; docs/aent.md): drop the floor(p·V) smallest logits, entropy of the softmax over the rest (float64)."""
+    """AEnt's clamped entropy (arXiv:2509.03493; docs/aent.md): drop the floor(p·V) smallest logits, entropy of the
+    softmax over the rest (float64)."""
     logits = logits.double()
     vocab = logits.size(-1)
     kept = logits.topk(vocab - math.floor(clamp_fraction * vocab), dim=-1).values

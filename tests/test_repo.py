@@ -50,8 +50,8 @@ ENTROPIES = [[0.3, 1.2, 0.8], [2.0, 0.1, 0.9], [0.5, 3.0, 0.2]]
 
 
 def spec_repo_advantage(advantage, log_prob, entropy, beta, variant, centering, keep_sign):
-    """REPO (arXiv:2603.11682, §5.1, App. D.2; docs/repo.md): A' = A − β ζ; ζ = ℓ^s − c (D) or |A|(ℓ^s − c) (R), c = 0 or −H; REPO-R written as
-    A(1 − β sign(A)(ℓ^s − c)) with the factor clamped at 0 when the sign is kept."""
+    """REPO (arXiv:2603.11682, §5.1, App. D.2; docs/repo.md): A' = A − β ζ; ζ = ℓ^s − c (D) or |A|(ℓ^s − c) (R),
+    c = 0 or −H; REPO-R written as A(1 − β sign(A)(ℓ^s − c)) with the factor clamped at 0 when the sign is kept."""
     centred = log_prob - (0.0 if centering == "none" else -entropy)
     if variant == "D":
         return advantage - beta * centred
@@ -182,8 +182,9 @@ def test_repo_d_expected_gradient_is_grpo_plus_entropy_bonus(centering):
 
 
 def spec_beta_update(beta, entropy, target, beta_min, beta_max):
-    """REPO's controller (arXiv:2603.11682, §5.1; docs/repo.md), written out: d = +1 below the target, −1 above, 0 on it (no change). β doubles if
-    sign(β) = d; otherwise it halves, and becomes d·β_min if then |β| < β_min. Finally |β| is capped at β_max."""
+    """REPO's controller (arXiv:2603.11682, §5.1; docs/repo.md), written out: d = +1 below the target, −1 above, 0
+    on it (no change). β doubles if sign(β) = d; otherwise it halves, and becomes d·β_min if then |β| < β_min.
+    Finally |β| is capped at β_max."""
     d = 1 if entropy < target else (-1 if entropy > target else 0)
     if d == 0:
         return beta

@@ -1,55 +1,55 @@
-"""Entropy-control trainers for Hugging Face TRL."""
+"""Entropy-control trainers for Hugging Face TRL.
+
+The public names load on first use (PEP 562), so that ``import trl_entropy`` and its light submodules (the run report,
+the toy task) start without importing TRL's trainers; the TRL version is checked at import all the same.
+"""
+
+import importlib
 
 from ._compat import check_trl_version
 
 
 check_trl_version()
 
-# The imports below come after the TRL version check on purpose.
-from .core.batch import CompletionBatch  # noqa: E402
-from .core.config import EntropyGRPOConfig  # noqa: E402
-from .core.control import Controller  # noqa: E402
-from .core.trainer import EntropyGRPOTrainer  # noqa: E402
-from .evaluation import (  # noqa: E402
-    EntropyLaw,
-    EntropyLawCallback,
-    PassAtKCallback,
-    evaluate_pass_at_k,
-    fit_entropy_law,
-    pass_at_k,
-    pass_at_k_values,
-)
-from .methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer  # noqa: E402
-from .methods.aent import AEntConfig, AEntController, AEntTrainer  # noqa: E402
-from .methods.clip_cov import ClipCovConfig, ClipCovTrainer  # noqa: E402
-from .methods.kl_cov import KLCovConfig, KLCovTrainer  # noqa: E402
-from .methods.repo import REPOConfig, REPOController, REPOTrainer  # noqa: E402
-
+# public name -> the module that defines it
+_PUBLIC = {
+    "CompletionBatch": ".core.batch",
+    "EntropyGRPOConfig": ".core.config",
+    "Controller": ".core.control",
+    "EntropyGRPOTrainer": ".core.trainer",
+    "EntropyLaw": ".evaluation",
+    "EntropyLawCallback": ".evaluation",
+    "PassAtKCallback": ".evaluation",
+    "evaluate_pass_at_k": ".evaluation",
+    "fit_entropy_law": ".evaluation",
+    "pass_at_k": ".evaluation",
+    "pass_at_k_values": ".evaluation",
+    "ADAPOConfig": ".methods.adapo",
+    "ADAPOController": ".methods.adapo",
+    "ADAPOTrainer": ".methods.adapo",
+    "AEntConfig": ".methods.aent",
+    "AEntController": ".methods.aent",
+    "AEntTrainer": ".methods.aent",
+    "ClipCovConfig": ".methods.clip_cov",
+    "ClipCovTrainer": ".methods.clip_cov",
+    "KLCovConfig": ".methods.kl_cov",
+    "KLCovTrainer": ".methods.kl_cov",
+    "REPOConfig": ".methods.repo",
+    "REPOController": ".methods.repo",
+    "REPOTrainer": ".methods.repo",
+}
 
 __version__ = "0.1.0"
-__all__ = [
-    "ADAPOConfig",
-    "ADAPOController",
-    "ADAPOTrainer",
-    "AEntConfig",
-    "AEntController",
-    "AEntTrainer",
-    "ClipCovConfig",
-    "ClipCovTrainer",
-    "CompletionBatch",
-    "Controller",
-    "EntropyGRPOConfig",
-    "EntropyGRPOTrainer",
-    "EntropyLaw",
-    "EntropyLawCallback",
-    "KLCovConfig",
-    "KLCovTrainer",
-    "PassAtKCallback",
-    "REPOConfig",
-    "REPOController",
-    "REPOTrainer",
-    "evaluate_pass_at_k",
-    "fit_entropy_law",
-    "pass_at_k",
-    "pass_at_k_values",
-]
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'trl_entropy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -35,10 +35,13 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trl_entropy import EntropyLaw, fit_entropy_law
+
+if TYPE_CHECKING:  # the law (and the transformers import behind it) loads only once matplotlib is known to be there
+    from trl_entropy.evaluation.entropy_law import EntropyLaw
 
 
 __all__ = [
@@ -99,12 +102,17 @@ CONTROLLER_PANELS: tuple[ControllerPanel, ...] = (
 ENTROPY_TARGETS: dict[str, str] = {"repo/entropy_target": "REPO target", "adapo/entropy_target": "ADAPO target"}
 # The keys EntropyLawCallback logs: its last values are quoted next to the report's own fit.
 LOGGED_LAW = ("entropy/law_a", "entropy/law_b", "entropy/predicted_ceiling")
-# fit_entropy_law's own thresholds, to say why a fit is not well posed.
-_LAW_THRESHOLDS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(fit_entropy_law).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-}
+
+
+def _law_thresholds() -> dict:
+    """fit_entropy_law's own thresholds, to say why a fit is not well posed."""
+    from trl_entropy.evaluation.entropy_law import fit_entropy_law
+
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(fit_entropy_law).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
 
 
 class RunLogError(ValueError):
@@ -261,6 +269,8 @@ class LawFit:
 def fit_law(entropies, rewards) -> LawFit:
     """:func:`trl_entropy.fit_entropy_law` on the pairs, with R² (``None`` when the rewards do not vary), or the
     reason it is not well posed."""
+    from trl_entropy.evaluation.entropy_law import fit_entropy_law
+
     entropies, rewards = np.asarray(entropies, dtype=np.float64), np.asarray(rewards, dtype=np.float64)
     law = fit_entropy_law(entropies, rewards)
     if law is None:
@@ -272,8 +282,9 @@ def fit_law(entropies, rewards) -> LawFit:
 
 
 def _why_no_fit(entropies: np.ndarray) -> str:
-    min_points = _LAW_THRESHOLDS.get("min_points")
-    min_spread = _LAW_THRESHOLDS.get("min_relative_spread")
+    thresholds = _law_thresholds()
+    min_points = thresholds.get("min_points")
+    min_spread = thresholds.get("min_relative_spread")
     if min_points is not None and entropies.size < min_points:
         return f"{entropies.size} (entropy, reward) point{'s' * (entropies.size != 1)}, the fit needs {min_points}"
     x = np.exp(entropies)

@@ -1,15 +1,28 @@
-"""What entropy control buys, measured: pass@k on held-out prompts and the entropy–reward law."""
+"""What entropy control buys, measured: pass@k on held-out prompts (``passk``) and the entropy–reward law
+(``entropy_law``). The names load on first use, so the law's fit can be used without importing torch."""
 
-from .entropy_law import EntropyLaw, EntropyLawCallback, fit_entropy_law
-from .pass_at_k import PassAtKCallback, evaluate_pass_at_k, pass_at_k, pass_at_k_values
+import importlib
 
 
-__all__ = [
-    "EntropyLaw",
-    "EntropyLawCallback",
-    "PassAtKCallback",
-    "evaluate_pass_at_k",
-    "fit_entropy_law",
-    "pass_at_k",
-    "pass_at_k_values",
-]
+_PUBLIC = {
+    "EntropyLaw": ".entropy_law",
+    "EntropyLawCallback": ".entropy_law",
+    "fit_entropy_law": ".entropy_law",
+    "PassAtKCallback": ".passk",
+    "evaluate_pass_at_k": ".passk",
+    "pass_at_k": ".passk",
+    "pass_at_k_values": ".passk",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'trl_entropy.evaluation' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

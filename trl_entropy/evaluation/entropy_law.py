@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import Trainer, TrainerCallback
 
-from .pass_at_k import as_count
+from .counts import as_count
 
 
 __all__ = ["EntropyLaw", "EntropyLawCallback", "fit_entropy_law"]

@@ -228,7 +228,7 @@ class AEntTrainer(EntropyGRPOTrainer):
     config_class: ClassVar[type] = AEntConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
     _name = "AEnt"  # the model card: "trained with AEnt", citing its paper next to GRPO's
-    _paper = method_paper("aent2025entropycontrol", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, None)
+    _paper = method_paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025)
 
     @property
     def aent_coef(self) -> float:

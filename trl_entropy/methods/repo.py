@@ -1,7 +1,8 @@
 """REPO: Regulated Entropy Policy Optimization, REPO-D and REPO-R ("Entropy-Preserving Reinforcement Learning",
-Petrenko et al., arXiv:2603.11682, §5.1, App. A.7, D.2; docs/repo.md). REPO replaces GRPO's per-sequence advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled
-token's log-prob under the current forward pass, detached (``ℓ^s_t = ℓ_t.detach()``, "already available during the
-forward pass"; on-policy it equals the rollout's), and a centring term ``c_t``:
+Petrenko et al., arXiv:2603.11682, §5.1, App. A.7, D.2; docs/repo.md). REPO replaces GRPO's per-sequence
+advantage by a per-token one, ``A'_t = A_t − β · ζ_t``, built from the sampled token's log-prob under the current
+forward pass, detached (``ℓ^s_t = ℓ_t.detach()``, "already available during the forward pass"; on-policy it equals
+the rollout's), and a centring term ``c_t``:
 
 * REPO-D (decorrelate): ``ζ_t = ℓ^s_t − c_t``. In expectation this is GRPO plus an entropy bonus ``β · H(π)``,
   estimated by REINFORCE from the sampled token only (App. A.7).

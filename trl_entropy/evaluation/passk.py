@@ -11,26 +11,16 @@ The callback works with ``trl.GRPOTrainer`` and every trainer of this library (i
 from __future__ import annotations
 
 import math
-import numbers
 from fractions import Fraction
 
 import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback
 
+from .counts import as_count
+
 
 __all__ = ["PassAtKCallback", "evaluate_pass_at_k", "pass_at_k", "pass_at_k_values"]
-
-
-def as_count(value, name: str) -> int:
-    """``value`` as an int; a bool, a non-number or a number with a fractional part is a ValueError naming it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if not math.isfinite(value) or value != int(value):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(value)
 
 
 def _pass_at_k_exact(n: int, c: int, k: int) -> float:
