@@ -169,8 +169,8 @@ def aggregate_loss(
     """Reduce the per-token loss as ``loss_type`` prescribes.
 
     Returns the loss and whether it still has to be divided by the gradient-accumulation steps: the normaliser of
-    ``"dapo"``, ``"cispo"`` and ``"vespo"`` (the generation batch's valid tokens on this rank, brought to one accumulation window) already spans
-    the window.
+    ``"dapo"``, ``"cispo"`` and ``"vespo"`` (the generation batch's valid tokens on this rank, brought to one
+    accumulation window) already spans the window.
     """
     masked = per_token_loss * mask
     if loss_type in ("grpo", "sapo"):  # mean over each sequence's tokens, then over sequences

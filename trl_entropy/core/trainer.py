@@ -265,7 +265,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         # Bonuses and regularisers are token means of the micro-batch, scaled only for gradient accumulation.
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         dapo_normaliser = None
-        if self.loss_type in TOKEN_SUM_LOSS_TYPES:  # every token of the generation batch (all ranks), per accumulation window
+        if self.loss_type in TOKEN_SUM_LOSS_TYPES:  # every token of the generation batch (all ranks), per window
             dapo_normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 dapo_normaliser = dapo_normaliser * accumulation / self.args.steps_per_generation
