@@ -405,7 +405,6 @@ def test_config_defaults(tmp_path):
         (ClipCovConfig, {"clip_cov_lb": 2.0, "clip_cov_ub": 1.0}, "clip_cov_ub=1.0"),
         (ClipCovConfig, {"clip_cov_lb": float("nan")}, "clip_cov_lb=nan"),
         (ClipCovConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
-        (ClipCovConfig, {"loss_type": "cispo"}, "loss_type='cispo'"),
         (ClipCovConfig, {"cov_selection_scope": "global"}, "cov_selection_scope='global'"),
         (KLCovConfig, {"cov_selection_scope": "rank"}, "cov_selection_scope='rank'"),
         (KLCovConfig, {"kl_cov_ratio": 0.0}, "kl_cov_ratio"),
@@ -415,7 +414,6 @@ def test_config_defaults(tmp_path):
         (KLCovConfig, {"kl_cov_coef": float("nan")}, "kl_cov_coef=nan"),
         (KLCovConfig, {"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
         (KLCovConfig, {"delta": 1.5}, "delta=1.5"),
-        (KLCovConfig, {"loss_type": "sapo"}, "loss_type='sapo'"),
     ],
 )
 def test_config_rejects_bad_values(tmp_path, config_class, options, message):

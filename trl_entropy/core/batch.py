@@ -22,6 +22,8 @@ class CompletionBatch:
         mode: ``"train"`` or ``"eval"``: the key of the trainer's metric dict the hooks log into.
         entropy_mask: the tokens TRL's high-entropy filter keeps (``top_entropy_quantile < 1``), or ``None`` (all).
             Set by the base before ``per_token_policy_loss`` and ``regulariser`` run.
+        importance_sampling_ratio: TRL's vLLM importance-sampling ratios of this micro-batch (vLLM with
+            ``vllm_importance_sampling_correction``), or ``None``; VESPO folds them into its sequence weight.
         carried: the per-token tensors of this micro-batch that the method asked to carry from its generation batch
             (the keys of ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation batch.
     """
@@ -34,4 +36,5 @@ class CompletionBatch:
     advantages: torch.Tensor
     mode: str = "train"
     entropy_mask: torch.Tensor | None = None
+    importance_sampling_ratio: torch.Tensor | None = None
     carried: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -7,6 +7,9 @@ from typing import ClassVar
 
 from transformers.utils import logging
 from trl import GRPOConfig
+from trl.trainer.utils import get_config_model_id
+
+from .objectives import LOSS_TYPES
 
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")
@@ -79,7 +82,10 @@ class EntropyGRPOConfig(GRPOConfig):
             `"auto"` (Triton on CUDA, PyTorch elsewhere), `"torch"` or `"triton"`.
     """
 
-    supported_loss_types: ClassVar[tuple[str, ...]] = ("grpo", "bnpo", "dr_grpo", "dapo")
+    # Every loss type of trl.GRPOTrainer (docs/loss_types.md); a method that supports fewer says why in
+    # `unsupported_loss_type_reasons` (loss type -> reason), which the refusal quotes.
+    supported_loss_types: ClassVar[tuple[str, ...]] = LOSS_TYPES
+    unsupported_loss_type_reasons: ClassVar[dict[str, str]] = {}
     # True where the method moves the clip range itself (and warns about on-policy training in its own words).
     controls_clip_range: ClassVar[bool] = False
 
@@ -102,8 +108,11 @@ class EntropyGRPOConfig(GRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.loss_type not in self.supported_loss_types:
+            method = type(self).__name__.removesuffix("Config")
+            reason = self.unsupported_loss_type_reasons.get(self.loss_type)
+            reason = f": {reason}" if reason else ""
             raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported by {type(self).__name__}; "
+                f"{method} does not support loss_type={self.loss_type!r}{reason}; "
                 f"choose one of {list(self.supported_loss_types)}."
             )
         if self.entropy_kernel_backend not in KERNEL_BACKENDS:
@@ -148,9 +157,12 @@ class EntropyGRPOConfig(GRPOConfig):
     @classmethod
     def coerce(cls, args, trainer_name: str, model=None):
         """``args`` as this config for ``trainer_name``: a plain ``GRPOConfig`` is converted (see
-        :meth:`from_grpo_config`), with one log line; anything but this config is refused."""
+        :meth:`from_grpo_config`), with one log line; anything but this config is refused. ``None`` gives this
+        config's defaults with the output directory named as TRL names it, after the model (its name or its
+        config's ``_name_or_path``, last path part), then the trainer: ``"<model>-<trainer without 'Trainer'>"``."""
         if args is None:
-            raise ValueError(f"{trainer_name} needs `args`, an instance of {cls.__name__}.")
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            return cls(f"{model_name.split('/')[-1]}-{trainer_name.removesuffix('Trainer')}")
         if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
             args = cls.from_grpo_config(args)
             logger.warning(

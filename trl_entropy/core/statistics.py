@@ -6,6 +6,8 @@ arXiv:2603.11682, Cor. 1). Pure functions, except :func:`loss_step_metrics`, whi
 import torch
 from trl.trainer.utils import nanmax, nanmin
 
+from .objectives import PPO_CLIP_LOSS_TYPES
+
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Token-weighted mean of ``values`` over the positions where ``mask`` is set (0 when none is)."""
@@ -88,9 +90,12 @@ def global_token_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) -> 
     return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
-def loss_step_metrics(accelerator, batch, token_advantages, ratio, per_token_kl, clip_range) -> dict[str, float]:
+def loss_step_metrics(
+    accelerator, batch, token_advantages, ratio, per_token_kl, clip_range, loss_type="grpo"
+) -> dict[str, float]:
     """What every loss step logs, as ``trl.GRPOTrainer`` names it (plus ``entropy/clamped`` and
-    ``entropy/cov_logp_adv``), each reduced over all ranks."""
+    ``entropy/cov_logp_adv``), each reduced over all ranks: the PPO clip's fractions for the clipped loss types,
+    ``cispo_clip_ratio`` for CISPO, none for SAPO and VESPO (VESPO's weight is logged where it is computed)."""
     mask = batch.mask
     metrics = {}
     if per_token_kl is not None:
@@ -101,6 +106,11 @@ def loss_step_metrics(accelerator, batch, token_advantages, ratio, per_token_kl,
     moments = accelerator.reduce(covariance_moments(batch.log_probs, token_advantages, mask), reduction="sum")
     metrics["entropy/cov_logp_adv"] = covariance_from_moments(moments)
     epsilon_low, epsilon_high = clip_range
+    if loss_type == "cispo":
+        truncated = (ratio > epsilon_high) & (token_advantages > 0)
+        metrics["cispo_clip_ratio"] = global_token_mean(accelerator, truncated.float(), mask)
+    if loss_type not in PPO_CLIP_LOSS_TYPES:
+        return metrics
     low = (ratio < 1 - epsilon_low) & (token_advantages < 0)
     high = (ratio > 1 + epsilon_high) & (token_advantages > 0)
     metrics["clip_ratio/low_mean"] = global_token_mean(accelerator, low.float(), mask)

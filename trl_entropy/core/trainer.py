@@ -39,11 +39,13 @@ from .head import (
     weightless_model,
 )
 from .objectives import (
+    TOKEN_SUM_LOSS_TYPES,
     adaptive_entropy_coef_step,
     aggregate_loss,
-    clipped_surrogate,
     importance_ratio,
     k3_kl,
+    policy_surrogate,
+    vespo_weights,
 )
 from .statistics import global_token_mean, loss_step_metrics, masked_mean
 
@@ -64,8 +66,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
         check_trl_methods(type(self))
         args = self.config_class.coerce(args, type(self).__name__, model)
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
-        if isinstance(model, str):
-            trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", False)
+        if isinstance(model, str):  # model_init_kwargs' trust_remote_code wins over the config's, as in TRL
+            trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", args.trust_remote_code)
             reason = unsupported_head_reason(weightless_model(model, trust_remote_code))
         else:
             reason = unsupported_head_reason(model)
@@ -116,9 +118,14 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def per_token_policy_loss(
         self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
     ) -> torch.Tensor:
-        """Per-token surrogate ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)`` with TRL's two-sided ``delta`` clip."""
-        epsilon_low, epsilon_high = self.clip_range()
-        return clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, self.args.delta)
+        """Per-token surrogate of ``loss_type`` (``core/objectives.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
+        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
+        phi = None
+        if self.loss_type == "vespo":
+            ratios = batch.importance_sampling_ratio
+            phi = vespo_weights(batch.log_probs, batch.old_log_probs, advantages, batch.mask, ratios, self.args)
+            self.log_token_mean(batch, "vespo/phi_seq_mean", phi)
+        return policy_surrogate(self.loss_type, batch.log_probs, ratio, advantages, self.clip_range(), self.args, phi)
 
     def regulariser(self, batch: CompletionBatch) -> torch.Tensor | None:
         """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
@@ -227,6 +234,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
             mask=mask,
             advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
             mode=mode,
+            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
             carried={key: inputs[key] for key in self.carried_token_keys if key in inputs},
         )
         token_advantages = self.per_token_advantages(batch)
@@ -245,7 +253,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
             )
         if batch.entropy_mask is not None:
             per_token_loss = per_token_loss * batch.entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         per_token_kl = None
         if self.beta != 0.0:
@@ -257,7 +265,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         # Bonuses and regularisers are token means of the micro-batch, scaled only for gradient accumulation.
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         dapo_normaliser = None
-        if self.loss_type == "dapo":  # every token of the generation batch (all ranks), per accumulation window
+        if self.loss_type in TOKEN_SUM_LOSS_TYPES:  # every token of the generation batch (all ranks), per window
             dapo_normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 dapo_normaliser = dapo_normaliser * accumulation / self.args.steps_per_generation
@@ -282,7 +290,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
             if self.accelerator.sync_gradients:
                 for name, value in self.controller_cycle.end_optimizer_step(self.state.global_step + 1).items():
                     self._metrics["train"][name].append(value)
-        metrics = loss_step_metrics(self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range())
+        metrics = loss_step_metrics(
+            self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range(), self.loss_type
+        )
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
         self.loss_path.loss_steps += 1

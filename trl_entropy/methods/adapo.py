@@ -23,6 +23,7 @@ from ..core.config import (
     warn_if_on_policy,
 )
 from ..core.control import Controller, EntropyTargetController, entropy_direction
+from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.trainer import EntropyGRPOTrainer
 
 
@@ -63,7 +64,8 @@ class ADAPOController(EntropyTargetController):
 @dataclass
 class ADAPOConfig(EntropyGRPOConfig):
     r"""
-    Configuration for [`ADAPOTrainer`]: [`EntropyGRPOConfig`] with the DAPO loss and an adaptive `epsilon_high`.
+    Configuration for [`ADAPOTrainer`]: [`EntropyGRPOConfig`] with the DAPO loss (default; any loss type
+    with the PPO clip works) and an adaptive `epsilon_high`.
 
     Parameters:
         epsilon_high (`float`, *optional*, defaults to `0.28`):
@@ -78,7 +80,15 @@ class ADAPOConfig(EntropyGRPOConfig):
             Target mean full entropy H* (nats per token). `None` measures it on the first generation cycle (paper).
     """
 
-    supported_loss_types: ClassVar[tuple[str, ...]] = ("dapo",)
+    # ADAPO moves the upper bound of the PPO clip (DAPO's clip-higher, arXiv:2603.11682, §5.2): any loss type with
+    # that clip works (the paper's is DAPO, the default); see docs/loss_types.md.
+    supported_loss_types: ClassVar[tuple[str, ...]] = PPO_CLIP_LOSS_TYPES
+    unsupported_loss_type_reasons: ClassVar[dict[str, str]] = {
+        "cispo": "CISPO has no PPO clip to move: its epsilon_high is epsilon_max, the cap of a detached importance "
+        "weight (ScaleRL recommends 5.0), not DAPO's clip-higher that ADAPO adapts",
+        "sapo": "SAPO has no clip bound to move: a smooth sigmoid gate replaces the clip",
+        "vespo": "VESPO has no clip bound to move: a smooth gamma weight of the sequence ratio replaces the clip",
+    }
     controls_clip_range: ClassVar[bool] = True  # ADAPO warns about on-policy training itself, in its own words
 
     epsilon_high: float | None = field(

@@ -1,7 +1,8 @@
 """Clip-Cov: detach a few random high-covariance tokens from the policy loss (Cui et al., "The Entropy Mechanism of
 Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2, eqs. 11–12; docs/clip_cov.md).
 
-Among the valid tokens whose PPO clip is not already active and whose covariance term ``Cov_t`` (eq. 10) lies in
+Among the valid tokens whose surrogate is not already flat (the PPO clip active; no token for CISPO, SAPO and VESPO,
+whose surrogates keep every token's gradient: docs/loss_types.md) and whose covariance term ``Cov_t`` (eq. 10) lies in
 ``(lb, ub)``, ``n = max(⌊ρ·N_valid⌋, 1)`` are drawn at random; their policy loss (and gradient) becomes 0, and they
 stay in the normaliser. Where the draw is made (per micro-batch, or once per generation batch) is the shared
 ``cov_selection_scope`` of ``methods/cov_selection.py``.
@@ -17,7 +18,7 @@ from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
 from ..core.citation import method_paper
 from ..core.config import validate_fraction
-from ..core.objectives import ppo_clip_active
+from ..core.objectives import surrogate_flat
 from ..core.statistics import token_covariance
 from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
 
@@ -171,7 +172,8 @@ class ClipCovTrainer(CovSelectionTrainer):
         per_token_loss = super().per_token_policy_loss(batch, ratio, advantages)
         epsilon_low, epsilon_high = self.clip_range()
         with torch.no_grad():
-            clip_active = ppo_clip_active(ratio, advantages, epsilon_low, epsilon_high, self.args.delta)
+            delta = self.args.delta
+            clip_active = surrogate_flat(self.loss_type, ratio, advantages, epsilon_low, epsilon_high, delta)
             clip_active = clip_active.expand_as(per_token_loss)
             if self.args.cov_selection_scope == "micro_batch":
                 cov = token_covariance(batch.log_probs, advantages, batch.mask)

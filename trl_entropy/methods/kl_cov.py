@@ -1,7 +1,9 @@
 """KL-Cov: no ratio clip, and a KL penalty on the tokens of highest covariance (Cui et al., "The Entropy Mechanism of
 Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2, eqs. 13–14; docs/kl_cov.md).
 
-The per-token loss is ``−A_t r_t`` plus ``β_KL · |ℓ_t − ℓ^old_t|`` on the top ``k = max(⌊κ·N_valid⌋, 1)`` valid
+The per-token loss is ``−A_t r_t`` (the penalty replaces the PPO clip; with ``loss_type`` ``"cispo"``, ``"sapo"`` or
+``"vespo"``, which have no PPO clip, that loss type's own surrogate: docs/loss_types.md) plus
+``β_KL · |ℓ_t − ℓ^old_t|`` on the top ``k = max(⌊κ·N_valid⌋, 1)`` valid
 tokens by covariance term ``Cov_t`` (eq. 10). Where the top-k is taken (per micro-batch, or once per generation
 batch) is the shared ``cov_selection_scope`` of ``methods/cov_selection.py``.
 """
@@ -14,6 +16,7 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.citation import method_paper
 from ..core.config import validate_fraction, warn_if_on_policy
+from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.statistics import token_covariance
 from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
 
@@ -124,7 +127,11 @@ class KLCovTrainer(CovSelectionTrainer):
         else:
             selected = self.carried_selection(batch)
         penalty = (batch.log_probs - batch.old_log_probs).abs()
-        per_token_loss = -advantages * ratio + self.args.kl_cov_coef * penalty * selected
+        if self.loss_type in PPO_CLIP_LOSS_TYPES:  # the paper's surrogate: the penalty replaces the clip
+            surrogate = -advantages * ratio
+        else:  # a loss type with no PPO clip keeps its own surrogate
+            surrogate = super().per_token_policy_loss(batch, ratio, advantages)
+        per_token_loss = surrogate + self.args.kl_cov_coef * penalty * selected
         self.log_token_mean(batch, "kl_cov/penalised_fraction", selected.float())
         self.log_token_mean(batch, "kl_cov/abs_log_ratio", penalty)
         return per_token_loss
