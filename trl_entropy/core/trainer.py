@@ -29,7 +29,7 @@ from trl import GRPOTrainer
 from .batch import CompletionBatch
 from .checkpoint import checkpoint_folder, restore_entropy_control, save_entropy_control
 from .config import EntropyGRPOConfig
-from .control import Controller, ControllerCycle, EntropyControlState
+from .control import Controller, ControllerCycle, EntropyControlState, trl_entropy_bonus
 from .drift import LossPathGuard, check_trl_methods
 from .head import (
     EntropyHeadRequest,
@@ -40,14 +40,13 @@ from .head import (
 )
 from .objectives import (
     TOKEN_SUM_LOSS_TYPES,
-    adaptive_entropy_coef_step,
     aggregate_loss,
     importance_ratio,
     k3_kl,
     policy_surrogate,
     vespo_weights,
 )
-from .statistics import global_token_mean, loss_step_metrics, masked_mean
+from .statistics import global_token_mean, loss_step_metrics
 
 
 class EntropyGRPOTrainer(GRPOTrainer):
@@ -275,7 +274,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         loss = policy_loss / (accumulation if scale else 1.0)
         if self._entropy_bonus_enabled:
             bonus_mask = mask if batch.entropy_mask is None else mask * batch.entropy_mask
-            loss = loss - self._trl_entropy_bonus(entropy, bonus_mask, policy_loss, mode) / accumulation
+            loss = loss - trl_entropy_bonus(self, entropy, bonus_mask, policy_loss, mode) / accumulation
         regulariser = self.regulariser(batch)
         if regulariser is not None:
             loss = loss + regulariser / accumulation
@@ -297,37 +296,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value)
         self.loss_path.loss_steps += 1
         return loss
-
-    def _trl_entropy_bonus(self, entropy, mask, policy_loss, mode) -> torch.Tensor:
-        """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline.
-
-        Returns ``coef · mean entropy`` (the caller subtracts it, scaled for accumulation). The adaptive coefficient
-        lives in TRL's attributes, so TRL's own checkpoint file for it keeps working.
-        """
-        coefficient = self.entropy_coef
-        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
-            coefficient = 0.0
-        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss.detach()).nanmean().item())
-        if self.use_adaptive_entropy and mode == "train":
-            window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
-            previous = self._entropy_window_stats
-            self._entropy_window_stats = window if previous is None else previous + window
-            if self.accelerator.sync_gradients:
-                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-                self._last_world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-                args = self.args
-                self.entropy_coef = adaptive_entropy_coef_step(
-                    self.entropy_coef,
-                    self._last_world_entropy,
-                    args.entropy_target,
-                    args.entropy_coef_delta,
-                    args.entropy_coef_min,
-                    args.entropy_coef_max,
-                )
-                self._entropy_window_stats = None
-        if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return coefficient * masked_mean(entropy, mask)
 
     # ------------------------------------------------------------------------------------------------------------
     # Overrides of transformers.Trainer: checkpoints
