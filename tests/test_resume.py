@@ -180,7 +180,9 @@ def test_resume_after_a_controller_update_equals_straight_run(method, options, w
         assert first["controllers"] != updated["controllers"], "no update before the checkpoint"
     for checkpoint in AFTER_UPDATE:
         folder = str(tmp_path / "straight" / f"checkpoint-{checkpoint}")
-        resumed, values = train(method, warm_toy_policy_path, str(tmp_path / f"resumed{checkpoint}"), folder, **options)
+        resumed, values = train(
+            method, warm_toy_policy_path, str(tmp_path / f"resumed{checkpoint}"), folder, **options
+        )
         assert_resumed_equals_straight(straight, straight_values, resumed, values, checkpoint)
     folder = str(tmp_path / "straight" / f"checkpoint-{AFTER_UPDATE[0]}")
     with pytest.MonkeyPatch.context() as patch:
