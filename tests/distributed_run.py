@@ -373,6 +373,20 @@ def run(
     trainer.accelerator.wait_for_everyone()
 
 
+def checkout_package_path(folder) -> str:
+    """A folder holding only a link to the ``trl_entropy`` this process imports (this checkout), to put first on a
+    child's ``PYTHONPATH``: an installed copy elsewhere must not be picked up, and the repository root itself cannot
+    go there (its ``kernels`` folder)."""
+    import trl_entropy
+
+    link_folder = Path(folder) / "checkout_package"
+    link_folder.mkdir(parents=True, exist_ok=True)
+    link = link_folder / "trl_entropy"
+    if not link.exists():
+        link.symlink_to(os.path.dirname(os.path.abspath(trl_entropy.__file__)), target_is_directory=True)
+    return str(link_folder)
+
+
 def launch_two_processes(script, script_options, folder: Path, launcher_options=("--multi_gpu",), **env):
     """Start ``script`` on two local processes with ``accelerate launch``; its log goes to ``folder/launch.log``.
 
@@ -386,7 +400,7 @@ def launch_two_processes(script, script_options, folder: Path, launcher_options=
         CUDA_VISIBLE_DEVICES="",  # the CPU even where a GPU exists: `--multi_gpu` only selects torchrun's launcher
         OMP_NUM_THREADS="1",
         TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [checkout_package_path(folder), here, os.environ.get("PYTHONPATH")])),
         **env,
     )
     with socket.socket() as sock:

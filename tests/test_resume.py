@@ -39,15 +39,15 @@ CASES = [(name, {}) for name in sorted(METHODS)] + [
 IDS = [name if not options else f"{name}-adaptive" for name, options in CASES]
 
 
-def train(method, path, output_dir, resume_from=None, **options):
+def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_device_train_batch_size=16, **options):
     trainer = make_trainer(
         method,
         path,
         output_dir,
         rollout=None,  # sampled completions
-        per_device_train_batch_size=16,
+        per_device_train_batch_size=per_device_train_batch_size,
         num_iterations=2,
-        max_steps=STEPS,
+        max_steps=max_steps,
         save_strategy="steps",
         save_steps=1,
         **options,
