@@ -288,7 +288,10 @@ from test_resume import train, logged
 trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
 if trainer.accelerator.is_main_process:
     record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
-    json.dump(dict(record, controller=values), open(sys.argv[3] + "/record.json", "w"))
+    with open(sys.argv[3] + "/record.json", "w") as file:
+        json.dump(dict(record, controller=values), file)
+from distributed_run import end_rank_cleanly
+end_rank_cleanly(trainer.accelerator.process_index)
 """
 
 
