@@ -373,6 +373,20 @@ def run(
     trainer.accelerator.wait_for_everyone()
 
 
+def checkout_package_path(folder) -> str:
+    """A folder holding only a link to the ``trl_entropy`` this process imports (this checkout), to put first on a
+    child's ``PYTHONPATH``: an installed copy elsewhere must not be picked up, and the repository root itself cannot
+    go there (its ``kernels`` folder)."""
+    import trl_entropy
+
+    link_folder = Path(folder) / "checkout_package"
+    link_folder.mkdir(parents=True, exist_ok=True)
+    link = link_folder / "trl_entropy"
+    if not link.exists():
+        link.symlink_to(os.path.dirname(os.path.abspath(trl_entropy.__file__)), target_is_directory=True)
+    return str(link_folder)
+
+
 def launch_two_processes(script, script_options, folder: Path, launcher_options=("--multi_gpu",), **env):
     """Start ``script`` on two local processes with ``accelerate launch``; its log goes to ``folder/launch.log``.
 
@@ -386,7 +400,7 @@ def launch_two_processes(script, script_options, folder: Path, launcher_options=
         CUDA_VISIBLE_DEVICES="",  # the CPU even where a GPU exists: `--multi_gpu` only selects torchrun's launcher
         OMP_NUM_THREADS="1",
         TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [checkout_package_path(folder), here, os.environ.get("PYTHONPATH")])),
         **env,
     )
     with socket.socket() as sock:
@@ -401,8 +415,30 @@ def launch_two_processes(script, script_options, folder: Path, launcher_options=
         )
 
 
+# A rank script prints this (with its rank) once its work is done and written, right before it tears down.
+RANK_DONE = "trl_entropy rank finished:"
+
+
+def end_rank_cleanly(rank: int) -> None:
+    """The end of a rank script: say the work is done, then leave the process group and flush, so that the process
+    exits without a teardown crash (a rank aborting in its destructors after the work was done)."""
+    import torch.distributed as dist
+
+    print(f"{RANK_DONE} {rank}", flush=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+class TeardownCrash(AssertionError):
+    """Every rank finished its work and wrote its record, and then a process crashed on its way out."""
+
+
 def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
-    """Wait for a launch; on failure or a hung rank, stop the launcher and both ranks and show the log's tail."""
+    """Wait for a launch; on failure or a hung rank, stop the launcher and both ranks and show the log's tail. A
+    failure after every rank reported its work done is raised as a :class:`TeardownCrash`, with the log."""
     try:
         launched.wait(timeout=timeout)
     finally:
@@ -410,6 +446,11 @@ def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> No
             os.killpg(launched.pid, signal.SIGKILL)
             launched.wait()
     log = (Path(folder) / "launch.log").read_text()
+    if launched.returncode != 0 and all(f"{RANK_DONE} {rank}" in log for rank in (0, 1)):
+        raise TeardownCrash(
+            f"both ranks finished and wrote their records, then the launch exited with {launched.returncode} while "
+            f"tearing down (a crash at process exit, not a wrong result); the log:\n{log[-6000:]}"
+        )
     assert launched.returncode == 0, log[-6000:]
 
 

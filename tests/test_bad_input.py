@@ -42,6 +42,13 @@ INVALID = {
     EntropyGRPOConfig: {
         "entropy_kernel_chunk_size": [0, -3, 2.5, True],
         "entropy_kernel_backend": ["cuda", None],
+        "entropy_control_fresh_start": ["yes", None],
+        # TRL's fields whose bad values TRL lets through (or reports with another number).
+        "num_iterations": [0, -1, 1.5, True],
+        "epsilon": [-0.1, nan, inf],
+        "epsilon_high": [-0.1, nan],
+        "beta": [-0.04, nan, inf],
+        "top_entropy_quantile": [-0.1, 1.5, nan],
     },
     AEntConfig: {
         "aent_clamp_fraction": [-0.1, 1.0, nan, "0.3"],
@@ -107,6 +114,16 @@ def test_invalid_field_value_is_rejected_by_name(config_class, name, value):
     with pytest.raises(ValueError, match=re.escape(name)) as error:
         config(config_class, **{name: value})
     assert repr(value) in str(error.value)  # the message names the bad value too
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_eval_batch_of_partial_groups_is_rejected(method):
+    spec = get_method(method)
+    with pytest.raises(ValueError, match="per_device_eval_batch_size=6") as error:
+        config(
+            spec.config_class, **spec.defaults, num_generations=4, per_device_eval_batch_size=6, eval_strategy="steps"
+        )
+    assert "num_generations" in str(error.value)
 
 
 def test_every_field_of_our_configs_has_an_invalid_value_test():

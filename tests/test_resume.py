@@ -39,15 +39,15 @@ CASES = [(name, {}) for name in sorted(METHODS)] + [
 IDS = [name if not options else f"{name}-adaptive" for name, options in CASES]
 
 
-def train(method, path, output_dir, resume_from=None, **options):
+def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_device_train_batch_size=16, **options):
     trainer = make_trainer(
         method,
         path,
         output_dir,
         rollout=None,  # sampled completions
-        per_device_train_batch_size=16,
+        per_device_train_batch_size=per_device_train_batch_size,
         num_iterations=2,
-        max_steps=STEPS,
+        max_steps=max_steps,
         save_strategy="steps",
         save_steps=1,
         **options,
@@ -70,7 +70,8 @@ def saved_snapshot(checkpoint):
     return stateful[EntropyControlState.__name__]["attributes"]["snapshot"]
 
 
-def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values):
+def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values, checkpoint=CHECKPOINT):
+    CHECKPOINT = checkpoint  # noqa: N806 (the step resumed from)
     later = range(CHECKPOINT + 1, STEPS + 1)
     losses = step_values(straight, "loss")
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -79,9 +80,13 @@ def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_v
     for step in later:
         assert resumed_losses[step] == pytest.approx(losses[step], rel=1e-5, abs=1e-7), step
         assert resumed_entropy[step] == pytest.approx(step_values(straight, "entropy")[step], rel=1e-5), step
+        assert step_values(resumed, "grad_norm")[step] == pytest.approx(
+            step_values(straight, "grad_norm")[step], rel=1e-4, abs=1e-7
+        ), step
     # The same samples (rewards are logged at the steps that generate).
     rewards = {step: value for step, value in step_values(straight, "reward").items() if step in later}
-    assert rewards and {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
+    assert rewards or all(step % 2 == 0 for step in later)  # a cycle is two steps; its first one generates
+    assert {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
     # The resumed run records only its own steps; it continues the controller trajectory.
     assert len(straight_values) == STEPS and len(resumed_values) == STEPS - CHECKPOINT
     if straight.controllers:
@@ -121,6 +126,70 @@ def test_resumed_run_equals_straight_run(method, options, warm_toy_policy_path, 
             step_values(straight, "entropy_coef")[STEPS]
         )
         assert resumed.entropy_coef == pytest.approx(straight.entropy_coef)
+
+
+# Checkpoints taken after the controllers moved: the end of the first cycle (one update) and inside the second one.
+AFTER_UPDATE = (2, 3)
+
+
+def disable_restore(method, options, patch):
+    """The planted bug: the resumed trainer forgets the state its method learned (the controllers' values, Clip-Cov's
+    generator, TRL's adaptive coefficient), and keeps everything else."""
+    from trl import GRPOTrainer
+
+    from trl_entropy.core.control import ControllerCycle
+    from trl_entropy.methods.clip_cov import ClipCovTrainer
+
+    if method == "clip_cov":
+        patch.setattr(ClipCovTrainer, "restore_rank_checkpoint_state", lambda self, checkpoint: None)
+    elif options.get("use_adaptive_entropy"):
+        trl_load = GRPOTrainer._load_optimizer_and_scheduler
+
+        def forget(self, checkpoint):
+            coef, last = self.entropy_coef, self._last_world_entropy
+            trl_load(self, checkpoint)
+            self.entropy_coef, self._last_world_entropy = coef, last
+
+        patch.setattr(GRPOTrainer, "_load_optimizer_and_scheduler", forget)
+    else:
+        restore = ControllerCycle.restore
+
+        def forget(self, snapshot, keep_sums, device):
+            initial = {name: controller.state_dict() for name, controller in self.controllers.items()}
+            restore(self, snapshot, keep_sums, device)
+            for name, controller in self.controllers.items():
+                controller.load_state_dict(initial[name])
+
+        patch.setattr(ControllerCycle, "restore", forget)
+
+
+STATEFUL_CASES = [
+    (method, options) for method, options in CASES if method in ("aent", "repo_r", "repo_d", "adapo", "clip_cov")
+] + [case for case in CASES if case[1].get("use_adaptive_entropy")]
+
+
+@pytest.mark.parametrize(
+    "method, options", STATEFUL_CASES, ids=[m if not o else f"{m}-adaptive" for m, o in STATEFUL_CASES]
+)
+def test_resume_after_a_controller_update_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
+    """Resumed from the end of the first cycle and from inside the second, after the state moved off its initial
+    value: the next steps equal the straight run's; with the restore switched off (planted bug) they do not."""
+    straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
+    if straight.controllers:  # the state moved (a value, or a measured target) before the checkpoint
+        first, updated = (saved_snapshot(str(tmp_path / "straight" / f"checkpoint-{s}")) for s in (1, AFTER_UPDATE[0]))
+        assert first["controllers"] != updated["controllers"], "no update before the checkpoint"
+    for checkpoint in AFTER_UPDATE:
+        folder = str(tmp_path / "straight" / f"checkpoint-{checkpoint}")
+        resumed, values = train(
+            method, warm_toy_policy_path, str(tmp_path / f"resumed{checkpoint}"), folder, **options
+        )
+        assert_resumed_equals_straight(straight, straight_values, resumed, values, checkpoint)
+    folder = str(tmp_path / "straight" / f"checkpoint-{AFTER_UPDATE[0]}")
+    with pytest.MonkeyPatch.context() as patch:
+        disable_restore(method, options, patch)
+        forgetful, values = train(method, warm_toy_policy_path, str(tmp_path / "forgetful"), folder, **options)
+    with pytest.raises(AssertionError):
+        assert_resumed_equals_straight(straight, straight_values, forgetful, values, AFTER_UPDATE[0])
 
 
 class LocalHub:
@@ -219,7 +288,10 @@ from test_resume import train, logged
 trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
 if trainer.accelerator.is_main_process:
     record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
-    json.dump(dict(record, controller=values), open(sys.argv[3] + "/record.json", "w"))
+    with open(sys.argv[3] + "/record.json", "w") as file:
+        json.dump(dict(record, controller=values), file)
+from distributed_run import end_rank_cleanly
+end_rank_cleanly(trainer.accelerator.process_index)
 """
 
 

@@ -5,12 +5,26 @@ The base writes the buffered generation batch of a checkpoint taken inside a gen
 hook (Clip-Cov: its random generator) and reads it back in ``restore_rank_checkpoint_state(checkpoint)`` with
 :func:`load_rank_file`. Every file is written into the checkpoint folder before ``transformers.Trainer``'s own save,
 which pushes the folder to the Hub as its last step, so a pushed checkpoint holds them too.
+
+A save starts by writing ``SAVING_MARKER`` into the folder and removes it once everything (Trainer's files and TRL's)
+is written: a folder a kill interrupted keeps the marker (or lacks ``trainer_state.json``), and
+:func:`last_complete_checkpoint` (``resume_from_checkpoint=True``) skips it with a warning.
+
+The snapshot also records the method that wrote the checkpoint, its configuration (the method's fields and the batch
+layout) and the layout of the generation cycle, so a resume with other settings warns (settings come from the new
+config, learned state from the checkpoint), a resume with another method is refused (unless
+``entropy_control_fresh_start``), and a buffered generation batch that no longer fits is regenerated.
 """
 
+import math
 import os
+import re
+import warnings
+from dataclasses import fields
 
 import torch
 from accelerate.utils import send_to_device
+from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .control import EntropyControlState
@@ -18,6 +32,11 @@ from .control import EntropyControlState
 
 # The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.
 GENERATION_BATCH_FILE = "trl_entropy_generation_batch_{process_index}.pt"
+# Present while a checkpoint is being written; a folder that still holds it was interrupted.
+SAVING_MARKER = "trl_entropy_saving"
+TRAINER_STATE = "trainer_state.json"
+# TrainingArguments fields that shape the generation batch; every other field compared is a GRPOConfig (or method) one.
+LAYOUT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 def checkpoint_folder(output_dir: str, global_step: int) -> str:
@@ -50,16 +69,52 @@ def generation_cycle_open(trainer) -> bool:
     return trainer._step % (trainer.args.steps_per_generation * trainer.num_iterations) != 0
 
 
+def method_name(trainer) -> str:
+    """The library class a trainer is (a user's subclass counts as the method it extends)."""
+    for cls in type(trainer).__mro__:
+        if cls.__module__.startswith("trl_entropy."):
+            return cls.__name__
+    return type(trainer).__name__
+
+
+def run_settings(args) -> dict:
+    """The settings a checkpoint records to compare on resume: GRPOConfig's and the method's fields (JSON scalars),
+    and the batch layout."""
+    skip = {f.name for f in fields(TrainingArguments)} - set(LAYOUT_FIELDS)
+    values = {f.name: getattr(args, f.name, None) for f in fields(args) if f.name not in skip}
+    return {
+        name: value for name, value in values.items() if value is None or isinstance(value, (bool, int, float, str))
+    }
+
+
+def layout(trainer) -> dict:
+    args = trainer.args
+    return {
+        "steps_per_generation": args.steps_per_generation,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "num_iterations": trainer.num_iterations,
+        "num_processes": trainer.accelerator.num_processes,
+    }
+
+
 def save_entropy_control(trainer, folder: str) -> None:
     """Put the entropy-control state of ``trainer`` into the checkpoint being written to ``folder``: the snapshot in
     ``trainer_state.json`` (through the stateful callback), this rank's buffered generation batch when the checkpoint
     is taken inside a generation cycle (a fresh trainer would regenerate it from the updated policy), and the method's
-    per-rank state."""
+    per-rank state. Marks the folder as being written first (:func:`end_checkpoint` removes the mark)."""
+    os.makedirs(folder, exist_ok=True)
+    if trainer.accelerator.is_main_process:
+        with open(os.path.join(folder, SAVING_MARKER), "w") as file:
+            file.write("a save of this checkpoint started and has not finished\n")
     state = trainer._entropy_control_state
     state.snapshot = {
         **trainer.controller_cycle.snapshot(),
         "trl_step": trainer._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
         "num_processes": trainer.accelerator.num_processes,
+        "method": method_name(trainer),
+        "settings": run_settings(trainer.args),
+        "layout": layout(trainer),
     }
     trainer.state.stateful_callbacks[EntropyControlState.__name__] = state.state()  # Trainer updates known keys only
     rank = trainer.accelerator.process_index
@@ -69,26 +124,123 @@ def save_entropy_control(trainer, folder: str) -> None:
         save_rank_file(folder, pattern, rank, value)
 
 
+def end_checkpoint(trainer, folder: str) -> None:
+    """Mark ``folder`` complete, once every rank has written its part."""
+    trainer.accelerator.wait_for_everyone()
+    marker = os.path.join(folder, SAVING_MARKER)
+    if trainer.accelerator.is_main_process and os.path.exists(marker):
+        os.remove(marker)
+
+
+def incomplete_reason(folder: str) -> str | None:
+    if os.path.exists(os.path.join(folder, SAVING_MARKER)):
+        return f"its save was interrupted ({SAVING_MARKER} is still there)"
+    if not os.path.exists(os.path.join(folder, TRAINER_STATE)):
+        return f"it has no {TRAINER_STATE}"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str) -> str:
+    """The latest checkpoint folder of ``output_dir`` whose save finished; interrupted ones are skipped, each with a
+    warning that names it."""
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = [] if not os.path.isdir(output_dir) else os.listdir(output_dir)
+    steps = sorted((int(m.group(1)), name) for name in found if (m := pattern.match(name)))
+    for _, name in reversed(steps):
+        folder = os.path.join(output_dir, name)
+        if not os.path.isdir(folder):
+            continue
+        reason = incomplete_reason(folder)
+        if reason is None:
+            return folder
+        warnings.warn(f"skipping the incomplete checkpoint {folder}: {reason}", stacklevel=3)
+    raise ValueError(f"No valid checkpoint found in output directory ({output_dir}): no complete checkpoint folder")
+
+
+def same(old, new) -> bool:
+    both_nan = isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)
+    return old == new or both_nan
+
+
+def warn_changed_settings(trainer, checkpoint: str, stored: dict) -> None:
+    """One warning listing every setting whose value differs from the checkpoint's, ``old → new``."""
+    current = run_settings(trainer.args)
+    changed = [
+        f"{name}: {stored.get(name, '(absent)')!r} → {current.get(name, '(absent)')!r}"
+        for name in sorted(set(stored) | set(current))
+        if not same(stored.get(name, "(absent)"), current.get(name, "(absent)"))
+    ]
+    if changed:
+        warnings.warn(
+            f"resuming {checkpoint} with settings that differ from the checkpoint's; the new values apply, the "
+            f"learned state (coefficients, measured targets) comes from the checkpoint: {'; '.join(changed)}",
+            stacklevel=3,
+        )
+
+
+def refuse_other_method(trainer, checkpoint: str, written_by: str) -> None:
+    raise ValueError(
+        f"{checkpoint} was written by {written_by}; resuming it with {method_name(trainer)} would drop or invent "
+        f"controller state. To start {method_name(trainer)}'s controllers fresh from that checkpoint's weights on "
+        "purpose, set entropy_control_fresh_start=True in the config (docs/distributed.md, Resuming)."
+    )
+
+
+def start_new_cycle(trainer, reason: str | None) -> None:
+    """Drop the buffered generation batch and the partial cycle: the next step generates anew (as TRL does)."""
+    trainer._step, trainer._buffered_inputs = 0, None
+    trainer.controller_cycle.statistics, trainer.controller_cycle.optimizer_steps = {}, 0
+    if reason is not None:
+        warnings.warn(
+            f"{reason}: the buffered generation batch and the partial cycle statistics are discarded and the "
+            "generation batch is regenerated from the resumed policy, so this run will differ from a straight one",
+            stacklevel=3,
+        )
+
+
 def restore_entropy_control(trainer, checkpoint: str) -> None:
     """Take the entropy-control state of ``checkpoint`` over into ``trainer`` (after Trainer loaded its own state)."""
     stored = trainer.state.stateful_callbacks.get(EntropyControlState.__name__) or {}
     snapshot = stored.get("attributes", {}).get("snapshot")
     controllers = trainer.controllers
+    fresh = trainer.args.entropy_control_fresh_start
     if snapshot is None:
-        if controllers:
+        if controllers and not fresh:
             raise ValueError(
                 f"{checkpoint} holds no entropy-control state (trainer_state.json, stateful_callbacks."
                 f"{EntropyControlState.__name__}), so resuming {type(trainer).__name__} would restart the "
-                f"controllers {sorted(controllers)} from their initial values"
+                f"controllers {sorted(controllers)} from their initial values. Set entropy_control_fresh_start=True "
+                "to do so on purpose."
             )
         return
-    missing = sorted(set(controllers) - set(snapshot["controllers"]))
-    if missing:
-        raise ValueError(f"{checkpoint} holds no state for the controllers {missing}")
+    written_by = snapshot.get("method")
+    if (written_by is not None and written_by != method_name(trainer)) or set(snapshot["controllers"]) != set(
+        controllers
+    ):
+        written_by = written_by or f"a trainer with the controllers {sorted(snapshot['controllers'])}"
+        if not fresh:
+            refuse_other_method(trainer, checkpoint, written_by)
+        start_new_cycle(trainer, None)
+        warnings.warn(f"{checkpoint} was written by {written_by}: {method_name(trainer)} starts fresh", stacklevel=2)
+        return
+    if "settings" in snapshot:
+        warn_changed_settings(trainer, checkpoint, snapshot["settings"])
     accelerator = trainer.accelerator
     trainer.controller_cycle.restore(snapshot, keep_sums=accelerator.is_main_process, device=accelerator.device)
     trainer._step = snapshot["trl_step"]
-    if generation_cycle_open(trainer):
+    old_layout = snapshot.get("layout", layout(trainer))
+    if old_layout != layout(trainer):
+        old_open = snapshot["trl_step"] % (old_layout["steps_per_generation"] * old_layout["num_iterations"]) != 0
+        changed = ", ".join(
+            f"{k}: {v} → {layout(trainer)[k]}" for k, v in old_layout.items() if v != layout(trainer)[k]
+        )
+        start_new_cycle(
+            trainer,
+            f"{checkpoint} was saved inside a generation cycle and the layout changed ({changed})"
+            if old_open
+            else None,
+        )
+    elif generation_cycle_open(trainer):
         rank = accelerator.process_index
         buffered = None
         if snapshot["num_processes"] == accelerator.num_processes:

@@ -66,6 +66,32 @@ def validate_fraction(name: str, value) -> None:
         raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1] (a fraction of the valid tokens).")
 
 
+def validate_grpo_values(config) -> None:
+    """Values of TRL's own fields that TRL accepts (or rejects quoting another number) but that cannot train: checked
+    here first, so the error names the field and the value given. Some of these checks are stricter than TRL's."""
+    stricter = "(stricter than trl.GRPOConfig, which accepts it and then fails or trains nothing)"
+    iterations = config.num_iterations
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"num_iterations={iterations!r} is invalid: it must be an integer >= 1 {stricter}.")
+    for name in ("epsilon", "epsilon_high", "beta"):
+        value = getattr(config, name)
+        if name == "epsilon_high" and value is None:  # None: epsilon_high = epsilon
+            continue
+        if not (is_finite_number(value) and value >= 0):
+            raise ValueError(f"{name}={value!r} is invalid: it must be a finite number >= 0 {stricter}.")
+    quantile = config.top_entropy_quantile
+    if not (is_finite_number(quantile) and 0 <= quantile <= 1):
+        raise ValueError(f"top_entropy_quantile={quantile!r} is invalid: it must be in [0, 1].")
+    generations = config.num_generations_eval or config.num_generations
+    evaluates = config.eval_strategy not in ("no", None) or config.do_eval
+    eval_batch = config.per_device_eval_batch_size
+    if evaluates and isinstance(generations, int) and generations > 0 and eval_batch % generations:
+        raise ValueError(
+            f"per_device_eval_batch_size={eval_batch!r} is invalid: it must be a multiple of num_generations_eval "
+            f"(or num_generations) = {generations}, so that every evaluation batch holds whole groups {stricter}."
+        )
+
+
 @dataclass
 class EntropyGRPOConfig(GRPOConfig):
     r"""
@@ -80,6 +106,8 @@ class EntropyGRPOConfig(GRPOConfig):
             size.
         entropy_kernel_backend (`str`, *optional*, defaults to `"auto"`):
             `"auto"` (Triton on CUDA, PyTorch elsewhere), `"torch"` or `"triton"`.
+        entropy_control_fresh_start (`bool`, *optional*, defaults to `False`):
+            Resume from another method's checkpoint with this method's controllers started fresh (refused otherwise).
     """
 
     # Every loss type of trl.GRPOTrainer (docs/loss_types.md); a method that supports fewer says why in
@@ -104,8 +132,17 @@ class EntropyGRPOConfig(GRPOConfig):
             "choices": list(KERNEL_BACKENDS),
         },
     )
+    entropy_control_fresh_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume from a checkpoint written by another method (or without entropy-control state): take its "
+            "weights, optimizer and progress, and start this method's controllers and a new generation cycle fresh. "
+            "Off by default: such a resume is refused. See docs/distributed.md (Resuming)."
+        },
+    )
 
     def __post_init__(self):
+        validate_grpo_values(self)
         super().__post_init__()
         if self.loss_type not in self.supported_loss_types:
             method = type(self).__name__.removesuffix("Config")
@@ -115,6 +152,8 @@ class EntropyGRPOConfig(GRPOConfig):
                 f"{method} does not support loss_type={self.loss_type!r}{reason}; "
                 f"choose one of {list(self.supported_loss_types)}."
             )
+        if not isinstance(self.entropy_control_fresh_start, bool):
+            raise ValueError(f"entropy_control_fresh_start must be a bool, got {self.entropy_control_fresh_start!r}.")
         if self.entropy_kernel_backend not in KERNEL_BACKENDS:
             raise ValueError(
                 f"entropy_kernel_backend={self.entropy_kernel_backend!r} is not one of {list(KERNEL_BACKENDS)}."

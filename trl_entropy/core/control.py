@@ -55,6 +55,10 @@ def entropy_direction(mean_entropy: float, target: float) -> float:
     return 0.0
 
 
+# A measured entropy target below this many nats is degenerate: the first cycle's completions were deterministic.
+DEGENERATE_ENTROPY = 1e-6
+
+
 class EntropyTargetController(Controller):
     """Steers the mean full entropy toward a target ``H*``: given, or measured on the first generation cycle
     ("Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §5).
@@ -70,6 +74,7 @@ class EntropyTargetController(Controller):
     def __init__(self, value: float, entropy_target: float | None = None):
         self.value = float(value)
         self.entropy_target = None if entropy_target is None else float(entropy_target)
+        self.given_target = self.entropy_target  # a target given in the config wins over a checkpoint's on resume
 
     @abstractmethod
     def step(self, value: float, mean_entropy: float, target: float) -> float:
@@ -78,14 +83,24 @@ class EntropyTargetController(Controller):
     def update(self, mean_statistic: float, step: int) -> None:
         if self.entropy_target is None:
             self.entropy_target = float(mean_statistic)
+            if self.entropy_target < DEGENERATE_ENTROPY:
+                warnings.warn(
+                    f"{self.name}: the entropy target measured on the first generation cycle (ending at optimizer "
+                    f"step {step}) is {self.entropy_target:.3g} nats, practically zero (every completion nearly "
+                    "deterministic, e.g. only EOS): the controller will hold the entropy there. Give the target "
+                    "explicitly in the config to steer toward a useful entropy.",
+                    stacklevel=2,
+                )
         self.value = self.step(self.value, mean_statistic, self.entropy_target)
 
     def state_dict(self) -> dict:
         return {self.value_name: self.value, "entropy_target": self.entropy_target}
 
     def load_state_dict(self, state: dict) -> None:
+        """The learned value and measured target of ``state``; a target given in this controller's (new) config is
+        kept instead of the checkpoint's."""
         self.value = float(state[self.value_name])
-        target = state["entropy_target"]
+        target = state["entropy_target"] if self.given_target is None else self.given_target
         self.entropy_target = None if target is None else float(target)
 
     def metrics(self) -> dict[str, float]:

@@ -27,7 +27,13 @@ from transformers import ProcessorMixin
 from trl import GRPOTrainer
 
 from .batch import CompletionBatch
-from .checkpoint import checkpoint_folder, restore_entropy_control, save_entropy_control
+from .checkpoint import (
+    checkpoint_folder,
+    end_checkpoint,
+    last_complete_checkpoint,
+    restore_entropy_control,
+    save_entropy_control,
+)
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState, trl_entropy_bonus
 from .drift import LossPathGuard, check_trl_methods
@@ -301,10 +307,18 @@ class EntropyGRPOTrainer(GRPOTrainer):
     # Overrides of transformers.Trainer: checkpoints
     # ------------------------------------------------------------------------------------------------------------
 
+    def train(self, resume_from_checkpoint=None, *positional, **keyword):
+        if resume_from_checkpoint is True:  # the latest complete checkpoint: interrupted saves are skipped
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+        return super().train(resume_from_checkpoint, *positional, **keyword)
+
     def _save_checkpoint(self, model, trial):
-        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub.
-        save_entropy_control(self, checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step))
+        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub; the
+        # folder is marked complete only after everything is written.
+        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+        save_entropy_control(self, folder)
         super()._save_checkpoint(model, trial)
+        end_checkpoint(self, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

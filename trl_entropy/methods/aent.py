@@ -60,7 +60,7 @@ class AEntController(Controller):
     statistic = "clamped_entropy"
 
     def __init__(self, coef, low, high, lr, coef_min, coef_max, warmup_steps=0, adaptive=True, statistic=statistic):
-        self.value = float(coef)
+        self.value = self.coef_init = float(coef)
         self.low, self.high, self.lr = low, high, lr
         self.coef_min, self.coef_max = coef_min, coef_max
         self.warmup_steps, self.adaptive = warmup_steps, adaptive
@@ -91,7 +91,7 @@ class AEntController(Controller):
     def load_state_dict(self, state: dict) -> None:
         if "coef" not in state:
             raise KeyError(f"AEnt controller state {state!r} has no 'coef'")
-        self.value = float(state["coef"])
+        self.value = float(state["coef"]) if self.adaptive else self.coef_init  # fixed: the config's value applies
 
     def metrics(self) -> dict[str, float]:
         return {"aent/coef": self.value}

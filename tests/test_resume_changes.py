@@ -1,0 +1,258 @@
+"""Resume with changes: the config given on resume is the run's configuration and the checkpoint gives the learned
+state (one warning lists every changed setting); another method's checkpoint is refused unless
+``entropy_control_fresh_start``; a mid-cycle checkpoint resumed with another batch layout regenerates its generation
+batch with a warning; a save a kill interrupted is skipped by ``resume_from_checkpoint=True``, which falls back to the
+last complete checkpoint and then equals the straight run.
+
+The runs are :mod:`test_resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import transformers
+from distributed_run import checkout_package_path
+from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, train
+
+from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE, SAVING_MARKER
+from trl_entropy.core.control import DEGENERATE_ENTROPY
+from trl_entropy.methods.adapo import ADAPOController
+from trl_entropy.methods.repo import REPOController
+
+
+HERE = Path(__file__).resolve().parent
+TRAINERS = {"aent": "AEntTrainer", "repo_r": "REPOTrainer", "adapo": "ADAPOTrainer", "grpo": "EntropyGRPOTrainer"}
+
+
+@pytest.fixture(scope="module")
+def straight_runs(warm_toy_policy_path, tmp_path_factory):
+    """``{method: (trainer, controller values, output dir)}``: a straight run of STEPS steps, a checkpoint each."""
+    runs = {}
+    for method in ("aent", "repo_r", "adapo", "grpo"):
+        output_dir = str(tmp_path_factory.mktemp(f"straight_{method}"))
+        trainer, values = train(method, warm_toy_policy_path, output_dir)
+        runs[method] = trainer, values, output_dir
+    return runs
+
+
+def changed_settings_warning(record) -> str:
+    (message,) = [str(w.message) for w in record if "settings that differ" in str(w.message)]
+    return message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Changed settings: the new value is used, the warning lists it; the learned state comes from the checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+CHANGED = [
+    ("repo_r", {"repo_entropy_target": 0.3}, "repo", "beta", "repo_entropy_target: None → 0.3"),
+    ("adapo", {"adapo_entropy_target": 0.9}, "adapo", "epsilon_high", "adapo_entropy_target: None → 0.9"),
+]
+
+
+@pytest.mark.parametrize("method, options, name, key, listed", CHANGED, ids=[c[0] for c in CHANGED])
+def test_resume_with_a_new_target_uses_it_and_keeps_the_learned_value(
+    method, options, name, key, listed, straight_runs, warm_toy_policy_path, tmp_path
+):
+    _, _, straight_dir = straight_runs[method]
+    checkpoint = os.path.join(straight_dir, "checkpoint-2")  # the target was measured at step 2
+    stored, (target,) = saved_snapshot(checkpoint)["controllers"][name], options.values()
+    assert stored["entropy_target"] is not None and stored["entropy_target"] != target
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        resumed, values = train(method, warm_toy_policy_path, str(tmp_path), checkpoint, max_steps=3, **options)
+    assert listed in changed_settings_warning(record)
+    controller = resumed.controllers[name]
+    assert controller.entropy_target == target  # the config's target
+    assert values == [stored[key]]  # step 3 ends no cycle: the learned value, from the checkpoint
+
+
+def test_resume_with_aent_switched_to_a_fixed_coefficient_uses_it(straight_runs, warm_toy_policy_path, tmp_path):
+    _, straight_values, straight_dir = straight_runs["aent"]
+    checkpoint = os.path.join(straight_dir, "checkpoint-2")
+    assert saved_snapshot(checkpoint)["controllers"]["aent"]["coef"] == straight_values[1] != 5e-4
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        resumed, values = train(
+            "aent", warm_toy_policy_path, str(tmp_path), checkpoint, aent_adaptive=False, aent_coef_init=5e-4
+        )
+    message = changed_settings_warning(record)
+    assert "aent_adaptive: True → False" in message and "aent_coef_init: 0.0002 → 0.0005" in message
+    assert values == [5e-4, 5e-4]  # the fixed value applies from the first resumed step on
+
+
+def test_resume_with_the_same_settings_does_not_warn(straight_runs, warm_toy_policy_path, tmp_path):
+    _, _, straight_dir = straight_runs["repo_r"]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        train("repo_r", warm_toy_policy_path, str(tmp_path), os.path.join(straight_dir, "checkpoint-2"), max_steps=3)
+    assert not [w for w in record if "settings that differ" in str(w.message)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Another method's checkpoint: refused, naming both; entropy_control_fresh_start starts the controllers fresh
+# ---------------------------------------------------------------------------------------------------------------------
+
+CROSS = [("aent", "kl_cov", "KLCovTrainer"), ("repo_r", "clip_cov", "ClipCovTrainer"), ("adapo", "grpo", None)]
+CROSS += [("grpo", "aent", "AEntTrainer")]  # the opposite direction: no controller state to take over
+
+
+@pytest.mark.parametrize("written_by, method, name", CROSS, ids=[f"{a}->{b}" for a, b, _ in CROSS])
+def test_cross_method_resume_is_refused_unless_fresh_start(
+    written_by, method, name, straight_runs, warm_toy_policy_path, tmp_path
+):
+    straight, _, straight_dir = straight_runs[written_by]
+    checkpoint = os.path.join(straight_dir, "checkpoint-2")
+    name = name or TRAINERS[method]
+    with pytest.raises(ValueError, match="entropy_control_fresh_start") as error:
+        train(method, warm_toy_policy_path, str(tmp_path / "refused"), checkpoint, max_steps=3)
+    assert TRAINERS[written_by] in str(error.value) and name in str(error.value)
+    with pytest.warns(UserWarning, match="starts fresh"):
+        resumed, values = train(
+            method,
+            warm_toy_policy_path,
+            str(tmp_path / "fresh"),
+            checkpoint,
+            max_steps=3,
+            entropy_control_fresh_start=True,
+        )
+    assert resumed.state.global_step == 3 and len(values) == 1
+    # A new cycle started at the resume and step 3 ends none: the controllers still hold the config's initial state.
+    initial = {c.name: c.state_dict() for c in resumed.build_controllers()}
+    assert {name: c.state_dict() for name, c in resumed.controllers.items()} == initial
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Mid-cycle checkpoint, another layout: the batch is regenerated, with a warning
+# ---------------------------------------------------------------------------------------------------------------------
+
+LAYOUTS = [{"steps_per_generation": 2}, {"gradient_accumulation_steps": 2}, {"per_device_train_batch_size": 8}]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[next(iter(layout)) for layout in LAYOUTS])
+def test_mid_cycle_resume_with_another_layout_trains_and_warns(layout, straight_runs, warm_toy_policy_path, tmp_path):
+    _, straight_values, straight_dir = straight_runs["repo_r"]
+    checkpoint = os.path.join(straight_dir, "checkpoint-1")  # inside the first cycle, a buffered batch saved
+    assert os.path.exists(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
+    with pytest.warns(UserWarning, match="layout changed") as record:
+        resumed, values = train("repo_r", warm_toy_policy_path, str(tmp_path), checkpoint, max_steps=2, **layout)
+    (name,) = layout
+    assert any(f"{name}:" in str(w.message) and "regenerated" in str(w.message) for w in record)
+    assert resumed.state.global_step == 2 and values == [straight_values[0]]  # β from the checkpoint, trained on
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Interrupted saves: skipped by resume_from_checkpoint=True, which resumes from the last complete checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Interrupted(BaseException):
+    """Stands in for a kill: nothing after the raise point runs (BaseException: no handler catches it)."""
+
+
+def interrupted_inside_third_save(function, output_dir):
+    """``function``, raising :class:`Interrupted` once the save of checkpoint-3 has begun."""
+
+    def interrupted(*args, **kwargs):
+        if os.path.isdir(os.path.join(output_dir, "checkpoint-3")):
+            raise Interrupted
+        return function(*args, **kwargs)
+
+    return interrupted
+
+
+# Points inside the save of checkpoint-3: after our files, before the model; after trainer_state.json, before the
+# save ends (Trainer's checkpoint rotation, its last step).
+POINTS = {
+    "before_the_model": (transformers.Trainer, "save_model"),
+    "after_the_trainer_state": (transformers.trainer, "rotate_checkpoints"),
+}
+
+# A real SIGKILL inside the optimizer write of checkpoint-3 (half of optimizer.pt on disk).
+KILL_SCRIPT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import torch, transformers
+from test_resume import train
+save = torch.save
+def killing_save(obj, f, *args, **kwargs):
+    if isinstance(f, str) and f.endswith(os.path.join("checkpoint-3", "optimizer.pt")):
+        with open(f, "wb") as file:
+            file.write(b"half an optimizer")
+            file.flush()
+            os.fsync(file.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    return save(obj, f, *args, **kwargs)
+torch.save = killing_save
+transformers.trainer.torch.save = killing_save
+train("repo_r", sys.argv[2], sys.argv[3])
+"""
+
+
+def check_resume_from_the_last_complete(straight_runs, path, output_dir):
+    straight, straight_values, _ = straight_runs["repo_r"]
+    interrupted = os.path.join(output_dir, "checkpoint-3")
+    assert os.path.exists(os.path.join(interrupted, SAVING_MARKER))
+    with pytest.warns(UserWarning, match="skipping the incomplete checkpoint .*checkpoint-3"):
+        resumed, values = train("repo_r", path, output_dir, True)
+    assert_resumed_equals_straight(straight, straight_values, resumed, values, checkpoint=2)
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_interrupted_save_is_skipped_on_resume(point, straight_runs, warm_toy_policy_path, tmp_path):
+    target, attribute = POINTS[point]
+    output_dir = str(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(target, attribute, interrupted_inside_third_save(getattr(target, attribute), output_dir))
+        with pytest.raises(Interrupted):
+            train("repo_r", warm_toy_policy_path, output_dir)
+    check_resume_from_the_last_complete(straight_runs, warm_toy_policy_path, output_dir)
+
+
+def test_kill_inside_the_optimizer_write_is_skipped_on_resume(straight_runs, warm_toy_policy_path, tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_SCRIPT)
+    output_dir = str(tmp_path / "run")
+    environment = dict(
+        os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=checkout_package_path(tmp_path)
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(HERE), warm_toy_policy_path, output_dir],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert open(os.path.join(output_dir, "checkpoint-3", "optimizer.pt"), "rb").read() == b"half an optimizer"
+    check_resume_from_the_last_complete(straight_runs, warm_toy_policy_path, output_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A degenerate measured target warns
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+CONTROLLERS = {
+    "repo": lambda: REPOController(0.04, 1e-4, 0.05),
+    "adapo": lambda: ADAPOController(0.28, 0.01, 0.2, 0.4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_degenerate_measured_target_warns(name):
+    controller = CONTROLLERS[name]()
+    with pytest.warns(UserWarning, match="practically zero"):
+        controller.update(1.7e-13, 2)  # every completion EOS: the first cycle's entropy
+    assert controller.entropy_target == 1.7e-13 < DEGENERATE_ENTROPY
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CONTROLLERS[name]().update(0.5, 2)  # a real target: no warning
+
+
+assert STEPS == 4  # the checkpoints above: 1 (inside the first cycle), 2 (its end), 3 (inside the second)
