@@ -27,6 +27,7 @@ neither `--bf16` nor `--fp16` given, the script trains in fp32 and says so in on
 """
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -77,8 +78,12 @@ class TrainScriptArguments(ScriptArguments):
         },
     )
     toy_policy_cache: str | None = field(
-        default="outputs/toy_policy",
-        metadata={"help": "Folder caching the warm-started toy policy between runs; None rebuilds it each time."},
+        default="auto",
+        metadata={
+            "help": "Folder caching the warm-started toy policy between runs. 'auto': outputs/toy_policy, shared by "
+            "the runs that save under outputs/, or <output_dir>/toy_policy when --output_dir is given (nothing is "
+            "written outside the folder you name); None rebuilds it each time."
+        },
     )
 
 
@@ -197,6 +202,9 @@ class TrainParser(TrlParser):
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         self.resolve_precision(namespace)
+        if namespace.toy_policy_cache == "auto":
+            folder = "outputs" if namespace.output_dir is None else namespace.output_dir
+            namespace.toy_policy_cache = os.path.join(folder, "toy_policy")
         if namespace.output_dir is None:
             namespace.output_dir = default_output_dir(
                 self.method_name, self.config_file, namespace.model_name_or_path, namespace.use_peft

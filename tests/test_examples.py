@@ -413,3 +413,16 @@ def test_real_math_dataset_reads_gsm8k_and_math_columns(train_module, tmp_path):
     assert math_rows[0]["answer"] == "\\frac{1}{2}"
     with pytest.raises(ValueError, match="reads 'question'/'answer'"):
         train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=other))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ([], "outputs/toy_policy"),  # shared by the runs that save under outputs/
+        (["--output_dir", "/elsewhere/run"], "/elsewhere/run/toy_policy"),  # nothing outside the named folder
+        (["--output_dir", "/elsewhere/run", "--toy_policy_cache", "/cache"], "/cache"),
+    ],
+)
+def test_the_toy_policy_is_cached_where_the_run_saves(train_module, arguments, expected):
+    _, script_args, _, _ = train_module.parse_arguments(["--method", "aent", *arguments])
+    assert script_args.toy_policy_cache == expected

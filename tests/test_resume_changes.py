@@ -22,6 +22,7 @@ from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, t
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE, SAVING_MARKER
 from trl_entropy.core.control import DEGENERATE_ENTROPY
 from trl_entropy.methods.adapo import ADAPOController
+from trl_entropy.methods.aent import AEntController
 from trl_entropy.methods.repo import REPOController
 
 
@@ -256,3 +257,21 @@ def test_degenerate_measured_target_warns(name):
 
 
 assert STEPS == 4  # the checkpoints above: 1 (inside the first cycle), 2 (its end), 3 (inside the second)
+
+
+@pytest.mark.parametrize(
+    ("controller", "state", "expected"),
+    [
+        (REPOController(0.0, 1e-4, 0.01), {"beta": 0.04, "entropy_target": 0.5}, 0.01),
+        (REPOController(0.0, 1e-4, 0.01), {"beta": -0.04, "entropy_target": 0.5}, -0.01),
+        (REPOController(0.0, 1e-4, 0.05), {"beta": 0.04, "entropy_target": 0.5}, 0.04),
+        (ADAPOController(0.28, 0.01, 0.1, 0.3), {"epsilon_high": 0.45, "entropy_target": 0.5}, 0.3),
+        (ADAPOController(0.28, 0.01, 0.2, 0.5), {"epsilon_high": 0.15, "entropy_target": 0.5}, 0.2),
+        (AEntController(1e-3, 0.05, 0.23, 1e-3, 1e-5, 2e-3), {"coef": 3e-3}, 2e-3),
+        (AEntController(1e-3, 0.05, 0.23, 1e-3, 1e-4, 3e-3), {"coef": 1e-5}, 1e-4),
+    ],
+)
+def test_a_learned_value_outside_the_new_range_is_brought_into_it(controller, state, expected):
+    """Resumed with a narrower range than the checkpoint's run had, the learned value is clipped to the new range."""
+    controller.load_state_dict(state)
+    assert controller.value == expected

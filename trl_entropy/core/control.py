@@ -71,10 +71,13 @@ class EntropyTargetController(Controller):
     statistic = "entropy"
     value_name: str
 
-    def __init__(self, value: float, entropy_target: float | None = None):
+    def __init__(
+        self, value: float, entropy_target: float | None = None, bounds: tuple[float, float] = (-math.inf, math.inf)
+    ):
         self.value = float(value)
         self.entropy_target = None if entropy_target is None else float(entropy_target)
         self.given_target = self.entropy_target  # a target given in the config wins over a checkpoint's on resume
+        self.bounds = bounds  # the configured range of the value: a resumed value is brought into it
 
     @abstractmethod
     def step(self, value: float, mean_entropy: float, target: float) -> float:
@@ -98,8 +101,8 @@ class EntropyTargetController(Controller):
 
     def load_state_dict(self, state: dict) -> None:
         """The learned value and measured target of ``state``; a target given in this controller's (new) config is
-        kept instead of the checkpoint's."""
-        self.value = float(state[self.value_name])
+        kept instead of the checkpoint's, and the value is clipped to the (new) config's range."""
+        self.value = min(max(float(state[self.value_name]), self.bounds[0]), self.bounds[1])
         target = state["entropy_target"] if self.given_target is None else self.given_target
         self.entropy_target = None if target is None else float(target)
 

@@ -48,7 +48,7 @@ class ADAPOController(EntropyTargetController):
     def __init__(
         self, epsilon_high: float, delta: float, minimum: float, maximum: float, entropy_target: float | None = None
     ):
-        super().__init__(epsilon_high, entropy_target)
+        super().__init__(epsilon_high, entropy_target, bounds=(minimum, maximum))
         self.delta = float(delta)
         self.minimum = float(minimum)
         self.maximum = float(maximum)

@@ -91,7 +91,8 @@ class AEntController(Controller):
     def load_state_dict(self, state: dict) -> None:
         if "coef" not in state:
             raise KeyError(f"AEnt controller state {state!r} has no 'coef'")
-        self.value = float(state["coef"]) if self.adaptive else self.coef_init  # fixed: the config's value applies
+        coef = min(max(float(state["coef"]), self.coef_min), self.coef_max)  # into the (new) config's box
+        self.value = coef if self.adaptive else self.coef_init  # fixed: the config's value applies
 
     def metrics(self) -> dict[str, float]:
         return {"aent/coef": self.value}
@@ -218,12 +219,9 @@ class AEntConfig(EntropyGRPOConfig):
 
 
 class AEntTrainer(EntropyGRPOTrainer):
-    """GRPO with AEnt's clamped-entropy bonus and adaptive coefficient (see the module docstring).
-
-    Takes the same arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]. The clamped entropy comes out of
-    the fused kernel in the same forward pass as the log-probs (no second forward, no full logits). Logs `aent/coef`
-    (the coefficient at each optimizer step), `entropy/clamped` and `entropy`.
-    """
+    """GRPO with AEnt's clamped-entropy bonus and adaptive coefficient (see the module docstring). Takes the same
+    arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]. The clamped entropy comes out of the fused
+    kernel in the same forward pass as the log-probs. Logs `aent/coef`, `entropy/clamped` and `entropy`."""
 
     config_class: ClassVar[type] = AEntConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "aent"]

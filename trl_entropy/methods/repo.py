@@ -102,7 +102,7 @@ class REPOController(EntropyTargetController):
     value_name = "beta"
 
     def __init__(self, beta: float, beta_min: float, beta_max: float, entropy_target: float | None = None):
-        super().__init__(beta, entropy_target)
+        super().__init__(beta, entropy_target, bounds=(-beta_max, beta_max))
         self.beta_min = float(beta_min)
         self.beta_max = float(beta_max)
 
