@@ -37,7 +37,9 @@ import torch
 _SAMPLE = 1024  # strided sample width per row, for the first guesses
 _PASSES = 6  # counting passes over the chunk (the first one counts two guesses)
 _SPREAD = 2.5  # the first two guesses sit this many standard deviations of the sample quantile apart from the target
-_FINISH_MAX = 4096  # open brackets with at most this many entries end by a small exact selection, wider ones by kthvalue
+_FINISH_MAX = (
+    4096  # open brackets with at most this many entries end by a small exact selection, wider ones by kthvalue
+)
 
 
 def kth_smallest_threshold(
@@ -117,12 +119,12 @@ def kth_smallest_threshold(
     entries = f_hi_true - f_lo_true  # count(<= hi) - count(<= lo)
     small = ~done & (entries <= _FINISH_MAX) & torch.isfinite(lo)
     wide = ~done & ~small
-    n_small, n_wide = torch.stack([small.sum(), wide.sum()]).cpu().unbind()
-    if n_small.item() > 0:
+    n_small, n_wide = divmod(int((small.sum() * (n + 1) + wide.sum()).item()), n + 1)
+    if n_small > 0:
         c_lo = (f_lo_true + target).round()
         found = _finish_in_bracket(z, scratch, small, lo, hi, entries, k - c_lo)
         thr = torch.where(small, found, thr)
-    if n_wide.item() > 0:
+    if n_wide > 0:
         rows = wide.nonzero().squeeze(1)
         thr = thr.index_copy(0, rows, torch.kthvalue(z.index_select(0, rows), k, dim=1).values)
     return thr

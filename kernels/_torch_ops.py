@@ -17,6 +17,13 @@ import torch
 from ._select import kth_smallest_threshold
 
 
+def kept_mask(z: torch.Tensor, thr: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The clamp's kept entries of ``z`` (rows, or one value per row): strictly above the row's threshold. Every entry
+    equal to the k-th smallest value is dropped with it. fp32 0/1 into ``out`` when given, bool otherwise."""
+    thr = thr.unsqueeze(1) if z.dim() == 2 else thr
+    return torch.gt(z, thr, out=out) if out is not None else torch.gt(z, thr)
+
+
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
     """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel().
 
@@ -36,7 +43,7 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         # at least the max is kept, even when the whole row ties
         thr = torch.minimum(thr, torch.nextafter(m, torch.full_like(m, -float("inf"))))
         out["thr"] = thr
-        out["kept_t"] = (z_t > thr).to(torch.float32)
+        out["kept_t"] = kept_mask(z_t, thr).to(torch.float32)
 
     torch.sub(z, m.unsqueeze(1), out=neg_ey)  # -y
     torch.exp(neg_ey, out=e)
@@ -46,7 +53,7 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
     out["s_rest"] = sums[:, 0]
     out["sy_rest"] = sums[:, 1].neg()
     if k > 0:
-        kept = torch.gt(z, thr.unsqueeze(1), out=z)  # 0/1 in fp32, over z (no longer needed)
+        kept = kept_mask(z, thr, out=z)  # 0/1 in fp32, over z (no longer needed)
         sums_c = torch.bmm(pair, kept.unsqueeze(2)).view(n, 2)
         out["sc_rest"] = sums_c[:, 0]
         out["syc_rest"] = sums_c[:, 1].neg()
@@ -83,7 +90,7 @@ def grad_tile(
     cols = local.clamp(0, width - 1).unsqueeze(1)  # rows whose target is outside the tile are masked below
 
     if has_clamp:
-        kept = torch.gt(z, coef["thr"].unsqueeze(1), out=d)
+        kept = kept_mask(z, coef["thr"], out=d)
         kept_t = kept.gather(1, cols).squeeze(1)
     y = torch.sub(coef["m"].unsqueeze(1), z, out=z)
     torch.sub(coef["neg_logs"].unsqueeze(1), y, out=p).exp_()
