@@ -17,9 +17,9 @@ compare and one row sum over the chunk (``count(z <= t)``).
 3. The number of passes is fixed (``passes``) and every update is a device-side mask: the loop never reads a value
    back to the host, so a GPU does not stall on it. After the loop one host read per call (how many rows are still
    open, and how many of them have a wide bracket) decides how they end: the ``k - count(<= lo)``-th smallest of
-   the few entries inside the bracket, picked exactly from those entries alone (one ``nonzero``), or
+   the few entries inside the bracket, picked exactly from those entries alone (two ``nonzero``), or
    ``torch.kthvalue`` for a row whose bracket is still wide (ties over a large part of the row, a constant row).
-   At most three host reads per call, whatever the number of passes.
+   At most four host reads per call, whatever the number of passes.
 
 Rows of fewer than ``2 * _SAMPLE`` entries go to ``torch.kthvalue`` straight away (the sample would be the row).
 
@@ -48,16 +48,17 @@ def kth_smallest_threshold(
     *,
     row_max: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
-    passes: int = _PASSES,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """Per row of ``z`` (n, V), fp32 without NaN: a threshold ``t`` (n,) such that ``z <= t`` selects exactly the
     entries ``<=`` the k-th smallest value of the row (the ``k`` smallest ones when there is no tie at the boundary).
 
     ``1 <= k < V``. ``row_max`` may pass ``z.amax(1)`` when the caller already has it. ``scratch`` is an optional fp32
-    buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 is the number of
+    buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 (default ``_PASSES``) is the number of
     counting passes before the rows still open are finished exactly (any value gives the same result).
     """
     n, vocab = z.shape
+    passes = _PASSES if passes is None else passes
     if not 1 <= k < vocab:
         raise ValueError(f"k must be in [1, V), got k={k} with V={vocab}")
     if n == 0:
@@ -121,30 +122,29 @@ def kth_smallest_threshold(
     wide = ~done & ~small
     n_small, n_wide = divmod(int((small.sum() * (n + 1) + wide.sum()).item()), n + 1)
     if n_small > 0:
+        rows = small.nonzero().squeeze(1)
         c_lo = (f_lo_true + target).round()
-        found = _finish_in_bracket(z, scratch, small, lo, hi, entries, k - c_lo)
-        thr = torch.where(small, found, thr)
+        found = _finish_in_bracket(z, scratch, rows, lo[rows], hi[rows], (k - c_lo)[rows], entries[rows])
+        thr = thr.index_copy(0, rows, found)
     if n_wide > 0:
         rows = wide.nonzero().squeeze(1)
         thr = thr.index_copy(0, rows, torch.kthvalue(z.index_select(0, rows), k, dim=1).values)
     return thr
 
 
-def _finish_in_bracket(z, scratch, rows, lo, hi, entries, rank):
-    """Per row where ``rows`` is set: the ``rank``-th smallest of its entries ``lo < z <= hi`` (``entries`` of them),
-    by a sort of just those entries. Other rows get junk (the caller does not use it)."""
-    n, vocab = z.shape
-    zero = torch.zeros_like(lo)
-    hi, lo = torch.where(rows, hi, zero), torch.where(rows, lo, zero)  # other rows: an empty (0, 0]
-    inside = scratch.view(-1)[: 2 * z.numel()].view(2, n, vocab)
-    torch.le(z, hi.unsqueeze(1), out=inside[0])
-    torch.le(z, lo.unsqueeze(1), out=inside[1])
-    row_id, col = inside[0].sub_(inside[1]).nonzero(as_tuple=True)  # row-major: grouped by row
-    values = z[row_id, col]
+def _finish_in_bracket(z, scratch, rows, lo, hi, rank, entries):
+    """For each of ``rows``: the ``rank``-th smallest of its ``entries`` entries ``lo < z <= hi``, by a sort of just
+    those entries. The rows are copied into ``scratch`` (no allocation of their size)."""
+    r, vocab = rows.numel(), z.shape[1]
+    halves = scratch.view(-1)[: 2 * z.numel()].view(2, -1)
+    sub = torch.index_select(z, 0, rows, out=halves[0, : r * vocab].view(r, vocab))
+    inside = torch.le(sub, hi.unsqueeze(1), out=halves[1, : r * vocab].view(r, vocab))
+    inside.sub_(torch.le(sub, lo.unsqueeze(1), out=sub))  # count(<= hi) - count(<= lo), entry by entry
+    row_id, col = inside.nonzero(as_tuple=True)  # row-major: grouped by row
+    values = z[rows[row_id], col]
     # sort by value, then stably by row: each row's entries stay contiguous, now ascending
     order = values.argsort(stable=True)
     values = values[order][row_id[order].argsort(stable=True)]
-    counts = torch.where(rows, entries, zero).long()
+    counts = entries.long()
     start = torch.cumsum(counts, 0) - counts
-    pick = (start + rank.long() - 1).clamp(0, max(values.numel() - 1, 0))
-    return values[pick] if values.numel() else zero
+    return values[start + rank.long() - 1]

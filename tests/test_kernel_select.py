@@ -74,8 +74,8 @@ class HostReads(TorchDispatchMode):
 
 @pytest.mark.parametrize("kind", ["gaussian", "ties"])
 def test_search_reads_the_host_a_fixed_number_of_times_whatever_the_passes(kind):
-    """No host read inside the loop: with 2 passes or 24, at most three per call (how many rows are still open, then a
-    ``nonzero`` for each way of finishing them)."""
+    """No host read inside the loop: with 2 passes or 24, at most four per call (how many rows are still open, then
+    ``nonzero`` for the rows finished inside their bracket and for their entries, and for the rows left to kthvalue)."""
     z = _rows(kind, 9000, n=16)
     k = math.floor(0.3 * 9000)
     counts = {}
@@ -83,7 +83,7 @@ def test_search_reads_the_host_a_fixed_number_of_times_whatever_the_passes(kind)
         with HostReads() as reads:
             kth_smallest_threshold(z, k, passes=passes)
         counts[passes] = reads.ops
-    assert counts[2] and all(len(ops) <= 3 for ops in counts.values()), counts
+    assert counts[2] and all(len(ops) <= 4 for ops in counts.values()), counts
 
 
 def test_host_read_counter_sees_item_bool_and_nonzero():
