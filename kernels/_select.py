@@ -54,8 +54,9 @@ def kth_smallest_threshold(
     entries ``<=`` the k-th smallest value of the row (the ``k`` smallest ones when there is no tie at the boundary).
 
     ``1 <= k < V``. ``row_max`` may pass ``z.amax(1)`` when the caller already has it. ``scratch`` is an optional fp32
-    buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 (default ``_PASSES``) is the number of
-    counting passes before the rows still open are finished exactly (any value gives the same result).
+    buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 (default
+    ``_PASSES``) is the number of counting passes before the rows still open are finished exactly (any value gives the
+    same result).
     """
     n, vocab = z.shape
     passes = _PASSES if passes is None else passes

@@ -75,7 +75,7 @@ class HostReads(TorchDispatchMode):
 @pytest.mark.parametrize("kind", ["gaussian", "ties"])
 def test_search_reads_the_host_a_fixed_number_of_times_whatever_the_passes(kind):
     """No host read inside the loop: with 2 passes or 24, at most four per call (how many rows are still open, then
-    ``nonzero`` for the rows finished inside their bracket and for their entries, and for the rows left to kthvalue)."""
+    ``nonzero`` for the rows finished inside their bracket, for their entries and for the rows left to kthvalue)."""
     z = _rows(kind, 9000, n=16)
     k = math.floor(0.3 * 9000)
     counts = {}
