@@ -3,19 +3,23 @@
 Methods
 -------
 naive          full fp32 logits; log_softmax, entropy, and the clamped entropy from ``torch.topk`` of the kept entries
-               (``trl_entropy.kernels.naive_logprob_entropy``), backward through autograd.
+               (``naive_logprob_entropy`` of ``tests/kernel_reference.py``), backward through autograd.
 reference      the AEnt authors' recipe: full fp32 logits, moved to the CPU for ``torch.topk`` (indices of the kept
                entries), back on the device for a gather and the clamped entropy; log-prob and entropy as ``naive``.
                (On a CPU run the move is a no-op.)
 trl            TRL's fused head ``trl.kernels.ChunkedLogProbFunction`` (log-prob + full entropy; no clamp), with
                TRL's own vocabulary chunk (32768) and token tile (4096).
+liger          Liger's chunked GRPO loss ``liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`` (log-probs inside a
+               GRPO loss, no entropy; ``compiled`` on CUDA only), tokens as sequences of up to 1024.
+gemm_floor     the four LM-head GEMMs alone, chunk by chunk like ``ours`` (logits, their recompute, the gradients
+               of the hidden states and of the weight): the floor any recomputing chunked head pays.
 ours           ``chunked_logprob_entropy(..., backend="torch")`` with the clamp.
 ours_noclamp   the same with ``clamp_fraction=0`` (the work TRL's head does: like for like).
 ours_triton    ``backend="triton"`` (CUDA only).
 ours_cuda_path_emulated
                CPU only: ``ours`` with bf16 inputs on the CUDA bf16 path (GEMMs with bf16 operands and fp32 output,
                written into the chunk buffer and accumulated into the gradients in place), the GEMMs emulated by
-               ``trl_entropy.kernels._cpu_emulation.emulate_fp32_output_gemm``. Its times measure the emulation;
+               ``emulate_fp32_output_gemm`` of ``tests/cpu_emulation.py``. Its times measure the emulation;
                its peak memory is that path's (see below).
 
 Each (shape, method) runs in a fresh subprocess. Peak memory is measured as
@@ -56,15 +60,29 @@ import time
 
 CPU_SHAPES = ["4096,512,32768", "4096,512,151936"]
 CUDA_SHAPES = ["16384,3584,151936"]
-METHODS = ["naive", "reference", "trl", "ours", "ours_noclamp", "ours_triton", "ours_cuda_path_emulated"]
-CUDA_ONLY, CPU_ONLY = {"ours_triton"}, {"ours_cuda_path_emulated"}
+METHODS = [
+    "naive",
+    "reference",
+    "trl",
+    "liger",
+    "gemm_floor",
+    "ours",
+    "ours_noclamp",
+    "ours_triton",
+    "ours_triton_noclamp",
+    "ours_cuda_path_emulated",
+]
+CUDA_ONLY, CPU_ONLY = {"ours_triton", "ours_triton_noclamp"}, {"ours_cuda_path_emulated"}
 DESCRIPTIONS = {
     "naive": "naive full logits (+topk clamp)",
     "reference": "AEnt reference (full logits, topk on CPU)",
     "trl": "TRL fused head (no clamp)",
+    "liger": "Liger chunked GRPO loss (log-probs only)",
+    "gemm_floor": "the four LM-head GEMMs alone (floor)",
     "ours": "ours, torch path",
     "ours_noclamp": "ours, torch path, clamp 0",
     "ours_triton": "ours, triton path",
+    "ours_triton_noclamp": "ours, triton path, clamp 0",
     "ours_cuda_path_emulated": "ours, CUDA bf16 path emulated on CPU (peak: tracked tensors)",
 }
 
@@ -97,6 +115,54 @@ def _reference_method(hidden, weight, targets, temperature, clamp_fraction):
     return log_probs, entropy, clamped
 
 
+def _default_chunk_size(n, vocab, device):
+    from trl_entropy.kernels import default_chunk_size
+
+    return default_chunk_size(n, vocab, device)
+
+
+def _gemm_floor_function():
+    import torch
+
+    class GemmFloor(torch.autograd.Function):
+        """Forward: the chunk's logits GEMM; backward: its recompute and the two gradient GEMMs (no element-wise work:
+        the recomputed logits stand in for the logits gradient)."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, chunk):
+            ctx.save_for_backward(hidden, weight)
+            ctx.chunk = chunk
+            buf = torch.empty(min(chunk, hidden.shape[0]), weight.shape[0], device=hidden.device, dtype=hidden.dtype)
+            for r0 in range(0, hidden.shape[0], chunk):
+                h = hidden[r0 : r0 + chunk]
+                torch.mm(h, weight.t(), out=buf[: h.shape[0]])
+            return hidden.new_zeros(())
+
+        @staticmethod
+        def backward(ctx, grad):
+            hidden, weight = ctx.saved_tensors
+            grad_h, grad_w = torch.zeros_like(hidden), torch.zeros_like(weight)
+            buf = torch.empty(
+                min(ctx.chunk, hidden.shape[0]), weight.shape[0], device=hidden.device, dtype=hidden.dtype
+            )
+            for r0 in range(0, hidden.shape[0], ctx.chunk):
+                h = hidden[r0 : r0 + ctx.chunk]
+                g = torch.mm(h, weight.t(), out=buf[: h.shape[0]])
+                grad_h[r0 : r0 + ctx.chunk].addmm_(g, weight)
+                grad_w.addmm_(g.t(), h)
+            return grad_h, grad_w, None
+
+    return GemmFloor
+
+
+class _LazyGemmFloor:
+    def apply(self, *args):
+        return _gemm_floor_function().apply(*args)
+
+
+_GemmFloor = _LazyGemmFloor()
+
+
 def worker(args) -> None:
     import torch
     import trl.trainer.utils  # noqa: F401  (TRL's head and ours import it on first use: keep that out of the timing)
@@ -113,8 +179,11 @@ def worker(args) -> None:
     emulation = contextlib.nullcontext
     if args.method.startswith("ours") or args.method == "naive":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-        from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
-        from trl_entropy.kernels._cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        from cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
+        from kernel_reference import naive_logprob_entropy
+
+        from trl_entropy.kernels import chunked_logprob_entropy
 
         if args.method == "ours_cuda_path_emulated":
             allocations = TensorAllocations()
@@ -144,9 +213,34 @@ def worker(args) -> None:
             )
             return out[0], out[1]
 
+    elif args.method == "liger":
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+        seq = min(n, 1024)
+        rows = n // seq  # the benchmark's N is a multiple of its sequence length, or smaller than it
+        loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=device.type == "cuda")
+        mask = torch.ones(rows, seq, device=device, dtype=torch.long)
+        advantages = torch.randn(rows, device=device)
+
+        def run():
+            loss = loss_fn(
+                hidden[: rows * seq].view(rows, seq, d),
+                weight,
+                targets[: rows * seq].view(rows, seq),
+                mask,
+                advantages,
+            )
+            return (loss[0] if isinstance(loss, tuple) else loss).unsqueeze(0)
+
+    elif args.method == "gemm_floor":
+        chunk = args.chunk_size or _default_chunk_size(n, vocab, device)
+
+        def run():
+            return (_GemmFloor.apply(hidden, weight, chunk),)
+
     else:
-        backend = "triton" if args.method == "ours_triton" else "torch"
-        fraction = 0.0 if args.method == "ours_noclamp" else clamp
+        backend = "triton" if args.method.startswith("ours_triton") else "torch"
+        fraction = 0.0 if args.method.endswith("noclamp") else clamp
 
         def run():
             return chunked_logprob_entropy(
@@ -210,6 +304,25 @@ def worker(args) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------------------------------
+def _run_subprocess(cmd, timeout):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_in_process(worker_argv):
+    """The worker in this process (``--in-process``: quick checks; peak memory then means little)."""
+    import io
+    import traceback
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            main(worker_argv)
+        returncode, err = 0, ""
+    except Exception:  # reported in the table as "failed: ..."
+        returncode, err = 1, traceback.format_exc()
+    return subprocess.CompletedProcess(worker_argv, returncode, out.getvalue(), err)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -224,13 +337,19 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per (shape, method)")
     parser.add_argument("--mem-limit-gib", type=float, default=16.0, help="CPU: address-space cap per worker")
     parser.add_argument("--json", default=None, help="also append the results to this JSON-lines file")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run every method in this process (quick checks, no peak memory)"
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a method fails (OOM and timeouts included)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.worker:
-        if args.mem_limit_gib and args.device == "cpu":
+        if args.mem_limit_gib and args.device == "cpu" and not args.in_process:
             # An allocation past the limit raises in the worker instead of waking the OOM killer on a shared machine.
             limit = int(args.mem_limit_gib * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -260,6 +379,7 @@ def main(argv=None) -> None:
         flush=True,
     )
     print(header, flush=True)
+    failures = []
     for shape in shapes:
         for method in methods:
             dtype = "bf16" if method == "ours_cuda_path_emulated" else args.dtype  # that path is bf16
@@ -289,7 +409,7 @@ def main(argv=None) -> None:
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                proc = _run_in_process(cmd[2:]) if args.in_process else _run_subprocess(cmd, args.timeout)
                 lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
                 if proc.returncode != 0 or not lines:
                     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
@@ -300,10 +420,12 @@ def main(argv=None) -> None:
                     else:
                         status = f"failed: {tail[0][:80]}"
                     print(f"| {DESCRIPTIONS[method]} | {shape} | {dtype} | {status} | | | | |", flush=True)
+                    failures.append(f"{method} {shape}: {status}\n{proc.stderr[-3000:]}")
                     continue
                 res = json.loads(lines[-1][len("RESULT ") :])
             except subprocess.TimeoutExpired:
                 print(f"| {DESCRIPTIONS[method]} | {shape} | {dtype} | timeout | | | | |", flush=True)
+                failures.append(f"{method} {shape}: timeout")
                 continue
             times = res["times_ms"]
             cpu = f"{statistics.median(res['cpu_ms']):.0f}" if res["cpu_ms"] else "n/a"
@@ -327,6 +449,10 @@ def main(argv=None) -> None:
                         )
                         + "\n"
                     )
+
+    if failures and args.strict:
+        print("\n".join(failures), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

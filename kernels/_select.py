@@ -1,32 +1,45 @@
-"""Row-wise k-th smallest logit (the clamp threshold) without sorting the row.
+"""Row-wise k-th smallest logit (the clamp threshold) without sorting the row, and without a host synchronisation
+per pass.
 
-The clamped entropy drops, in every row, the ``k`` entries with the smallest logits. All it needs from a row is a
-threshold ``t`` with exactly ``k`` entries ``<= t``. Sorting or ``topk`` of a 150k-wide row is far more work than
-that, and even ``torch.kthvalue`` on the CPU (which copies every row with its indices and quick-selects it) costs
-~18 ns per logit, close to the chunk's own matmul at d=512. This module finds the threshold by a **counting search on
-the value**; each step is one compare-and-sum pass over the rows still searching (~0.4 ns per logit):
+The clamped entropy drops, in every row, the entries ``<=`` the row's k-th smallest logit ``z_(k)``. All it needs
+from a row is a threshold ``t`` with ``z <= t`` selecting exactly those entries: ``z_(k)`` itself, or any value in
+``[z_(k), z_(k+1))``. Sorting or ``topk`` of a 150k-wide row is far more work than that, and ``torch.kthvalue`` on
+the CPU (it copies every row with its indices and quick-selects it) costs ~15-18 ns per logit, close to the chunk's
+own matmul at d = 512. This module finds the threshold by a **counting search on the value**: each pass is one
+compare and one row sum over the chunk (``count(z <= t)``).
 
-1. The first guess is the matching quantile of a small strided sample of the row (``kthvalue`` on 256 columns).
-2. Every row keeps a bracket ``lo < t* <= hi`` with ``count(<= lo) < k < count(<= hi)``, and its next guess
-   interpolates the empirical CDF linearly inside it, aiming at rank ``k + 1/2`` (regula falsi with the Illinois
-   modification, so a convex or concave tail cannot pin one end of the bracket).
-3. A row stops as soon as a guess has ``count(<= t) == k``. Once half of the rows in the working set have stopped, the
-   remaining ones are copied out, so later passes only touch rows that still search.
+1. A strided sample of each row (``_SAMPLE`` columns), sorted, gives two guesses on both sides of the target rank,
+   counted in the first pass: most rows start with a verified bracket ``count(<= lo) <= k < count(<= hi)`` a few
+   thousand entries wide (at V = 152k).
+2. Each further pass interpolates the counts inside the bracket towards rank ``k + 1/2`` (regula falsi with the
+   Illinois modification; the midpoint when the guess is not strictly inside). A row is done when a guess counts
+   exactly ``k``.
+3. The number of passes is fixed (``passes``) and every update is a device-side mask: the loop never reads a value
+   back to the host, so a GPU does not stall on it. After the loop one host read per call (how many rows are still
+   open, and how many of them have a wide bracket) decides how they end: the ``k - count(<= lo)``-th smallest of
+   the few entries inside the bracket, picked exactly from those entries alone (two ``nonzero``), or
+   ``torch.kthvalue`` for a row whose bracket is still wide (ties over a large part of the row, a constant row).
+   At most four host reads per call, whatever the number of passes.
 
-On logits of real and synthetic shapes this takes ~7-9 passes per row on average. Rows that cannot reach an exact
-count (ties straddling the k-th position, or a bracket that shrank to adjacent floats) or that are still open after
-``max_iters`` passes fall back to ``torch.kthvalue`` on those rows only. The result is therefore always exact: a value
-``t`` with ``count(<= t) == k``, or with ties the k-th smallest value itself.
+Rows of fewer than ``2 * _SAMPLE`` entries go to ``torch.kthvalue`` straight away (the sample would be the row).
+
+The result is exact either way: a ``t`` with ``count(<= t) == k``, or the k-th smallest value itself (with ties at
+the boundary, every entry equal to it counts as ``<= t``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-_SAMPLE = 256  # strided sample width per row, for the first guess
-_MAX_ITERS = 32  # counting passes before the remaining rows fall back to torch.kthvalue
-_MAX_STALL = 8  # passes in a row without removing an entry from the bracket: ties, fall back
+_SAMPLE = 1024  # strided sample width per row, for the first guesses
+_PASSES = 6  # counting passes over the chunk (the first one counts two guesses)
+_SPREAD = 2.5  # the first two guesses sit this many standard deviations of the sample quantile apart from the target
+_FINISH_MAX = (
+    4096  # open brackets with at most this many entries end by a small exact selection, wider ones by kthvalue
+)
 
 
 def kth_smallest_threshold(
@@ -35,96 +48,104 @@ def kth_smallest_threshold(
     *,
     row_max: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
-    max_iters: int = _MAX_ITERS,
+    passes: int | None = None,
 ) -> torch.Tensor:
-    """Per row of ``z`` (n, V), fp32: a threshold ``t`` (n,) such that ``z <= t`` selects the ``k`` smallest entries.
+    """Per row of ``z`` (n, V), fp32 without NaN: a threshold ``t`` (n,) such that ``z <= t`` selects exactly the
+    entries ``<=`` the k-th smallest value of the row (the ``k`` smallest ones when there is no tie at the boundary).
 
     ``1 <= k < V``. ``row_max`` may pass ``z.amax(1)`` when the caller already has it. ``scratch`` is an optional fp32
-    buffer with at least ``z.numel()`` elements, used for the counting passes (otherwise one is allocated).
+    buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 (default
+    ``_PASSES``) is the number of counting passes before the rows still open are finished exactly (any value gives the
+    same result).
     """
     n, vocab = z.shape
+    passes = _PASSES if passes is None else passes
     if not 1 <= k < vocab:
         raise ValueError(f"k must be in [1, V), got k={k} with V={vocab}")
-    thr = torch.empty(n, dtype=z.dtype, device=z.device)
     if n == 0:
-        return thr
+        return torch.empty(0, dtype=z.dtype, device=z.device)
+    stride = vocab // _SAMPLE
+    if stride <= 1:  # short rows: the sample would be (nearly) the whole row
+        return torch.kthvalue(z, k, dim=1).values
+    sample = z[:, ::stride].sort(1).values
     if scratch is None:
-        scratch = torch.empty_like(z)
-    scratch = scratch.view(-1)[: z.numel()].view(n, vocab)
-
+        scratch = torch.empty(2 * z.numel(), dtype=z.dtype, device=z.device)
+    buf = scratch.view(-1)[: z.numel()].view(n, vocab)
     target = k + 0.5
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        """``count(z <= t) - target`` per row (fp32 sums of 0/1 are exact below 2**24)."""
+        torch.le(z, t.unsqueeze(1), out=buf)
+        return buf.sum(1) - target
+
+    # the bracket lo < z_(k) <= hi, with f = count - target (f_lo < 0 < f_hi): first just below the row's minimum (a
+    # count of 0, except on a row with -inf entries: there lo = -inf is unverified until a guess lands below the
+    # target) and at its maximum (a count of V)
     hi = (z.amax(1) if row_max is None else row_max).clone()
-    lo = torch.nextafter(z.amin(1), torch.full_like(hi, -float("inf")))
-    f_lo = torch.full_like(hi, -target)  # count(<= lo) - target, < 0
-    f_hi = torch.full_like(hi, vocab - target)  # count(<= hi) - target, > 0
+    lo = torch.nextafter(z.amin(1), torch.full_like(hi, -math.inf))
+    f_lo = torch.full_like(lo, -target)
+    f_hi = torch.full_like(lo, vocab - target)
     f_lo_true, f_hi_true = f_lo.clone(), f_hi.clone()  # the same without the Illinois halving
-    side = torch.zeros_like(hi)  # which end moved last: -1 lo, +1 hi
-    width_c = torch.full_like(hi, float(vocab))  # count(<= hi) - count(<= lo): entries left inside the bracket
-    stall = torch.zeros_like(hi)  # passes in a row that removed no entry from the bracket
+    side = torch.zeros_like(lo)  # which end moved last: -1 lo, +1 hi
+    thr = torch.zeros_like(lo)
+    done = torch.zeros(n, dtype=torch.bool, device=z.device)
 
-    stride = max(1, vocab // _SAMPLE)
-    sample = z[:, ::stride]
-    width = sample.shape[1]
-    pos = min(max(int(round(target / vocab * width - 0.5)), 0), width - 1)
-    t = torch.kthvalue(sample, pos + 1, dim=1).values
-
-    rows = None  # indices into z of the working set; None = all rows, in order
-    work = z
-    active = torch.ones(n, dtype=torch.bool, device=z.device)
-    for it in range(max_iters):
-        if it > 0:
-            t = lo - f_lo * ((hi - lo) / (f_hi - f_lo))
-            mid = lo + 0.5 * (hi - lo)
-            # bisect when the guess is not strictly inside, or after a pass that removed no entry
-            t = torch.where((t > lo) & (t < hi) & (stall < 1), t, mid)
-        buf = scratch[: work.shape[0]]
-        torch.le(work, t.unsqueeze(1), out=buf)
-        f = buf.sum(1) - target  # fp32 sums of 0/1 are exact below 2**24
-        hit = active & (f < 0) & (f > -1)  # count == k
-        if bool(hit.any()):
-            if rows is None:
-                thr[hit] = t[hit]
-            else:
-                thr[rows[hit]] = t[hit]
-        active = active & ~hit
-        below = active & (f < 0)
-        above = active & (f > 0)
+    def update(t, f):
+        nonlocal lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, thr, done
+        hit = ~done & (f < 0) & (f > -1)  # count == k
+        thr = torch.where(hit, t, thr)
+        done = done | hit
+        below = ~done & (f < 0) & (t > lo)
+        above = ~done & (f > 0) & (t < hi)
         f_hi = torch.where(below & (side < 0), 0.5 * f_hi, f_hi)
         f_lo = torch.where(above & (side > 0), 0.5 * f_lo, f_lo)
-        lo = torch.where(below, t, lo)
-        f_lo = torch.where(below, f, f_lo)
-        hi = torch.where(above, t, hi)
-        f_hi = torch.where(above, f, f_hi)
+        lo, f_lo, f_lo_true = (torch.where(below, new, old) for new, old in ((t, lo), (f, f_lo), (f, f_lo_true)))
+        hi, f_hi, f_hi_true = (torch.where(above, new, old) for new, old in ((t, hi), (f, f_hi), (f, f_hi_true)))
         side = torch.where(below, -1.0, torch.where(above, 1.0, side))
-        # Ties straddling the k-th position: the bracket keeps shrinking in value but never loses an entry (or has
-        # shrunk to adjacent floats). Continuous data loses entries on almost every pass.
-        f_lo_true = torch.where(below, f, f_lo_true)
-        f_hi_true = torch.where(above, f, f_hi_true)
-        new_width = f_hi_true - f_lo_true
-        stall = torch.where(new_width < width_c, 0.0, stall + 1.0)
-        width_c = new_width
-        mid = lo + 0.5 * (hi - lo)
-        active_split = active & (mid > lo) & (mid < hi) & (stall < _MAX_STALL)
-        n_active = int(active_split.sum())
-        if n_active == 0:
-            break
-        if n_active * 2 <= work.shape[0]:
-            keep = active_split.nonzero().squeeze(1)
-            rows_all = torch.arange(n, device=z.device) if rows is None else rows
-            stuck = active & ~active_split
-            if bool(stuck.any()):
-                _fallback(z, k, thr, rows_all[stuck])
-            rows = rows_all.index_select(0, keep)
-            work = work.index_select(0, keep)
-            lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, t, width_c, stall = (
-                x.index_select(0, keep) for x in (lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, t, width_c, stall)
-            )
-            active = torch.ones(keep.numel(), dtype=torch.bool, device=z.device)
-    if bool(active.any()):
-        rows_all = torch.arange(n, device=z.device) if rows is None else rows
-        _fallback(z, k, thr, rows_all[active])
+
+    # pass 1: two guesses from the sorted sample, on both sides of the target rank
+    width = sample.shape[1]
+    q = target / vocab
+    spread = _SPREAD * math.sqrt(q * (1 - q) / width) + 1.0 / width
+    for u in (q - spread, q + spread):
+        pos = min(max(int(round(u * width - 0.5)), 0), width - 1)
+        t = sample[:, pos].contiguous()
+        update(t, count(t))
+    # further passes: regula falsi inside the bracket (the midpoint when the guess is not strictly inside)
+    for _ in range(passes - 1):
+        t = lo - f_lo * ((hi - lo) / (f_hi - f_lo))
+        t = torch.where((t > lo) & (t < hi), t, 0.5 * lo + 0.5 * hi)
+        update(t, count(t))
+
+    # The rows still open. One host read: how many end inside their bracket and how many by kthvalue.
+    entries = f_hi_true - f_lo_true  # count(<= hi) - count(<= lo)
+    small = ~done & (entries <= _FINISH_MAX) & torch.isfinite(lo)
+    wide = ~done & ~small
+    n_small, n_wide = divmod(int((small.sum() * (n + 1) + wide.sum()).item()), n + 1)
+    if n_small > 0:
+        rows = small.nonzero().squeeze(1)
+        c_lo = (f_lo_true + target).round()
+        found = _finish_in_bracket(z, scratch, rows, lo[rows], hi[rows], (k - c_lo)[rows], entries[rows])
+        thr = thr.index_copy(0, rows, found)
+    if n_wide > 0:
+        rows = wide.nonzero().squeeze(1)
+        thr = thr.index_copy(0, rows, torch.kthvalue(z.index_select(0, rows), k, dim=1).values)
     return thr
 
 
-def _fallback(z: torch.Tensor, k: int, thr: torch.Tensor, rows: torch.Tensor) -> None:
-    thr[rows] = torch.kthvalue(z.index_select(0, rows), k, dim=1).values
+def _finish_in_bracket(z, scratch, rows, lo, hi, rank, entries):
+    """For each of ``rows``: the ``rank``-th smallest of its ``entries`` entries ``lo < z <= hi``, by a sort of just
+    those entries. The rows are copied into ``scratch`` (no allocation of their size)."""
+    r, vocab = rows.numel(), z.shape[1]
+    halves = scratch.view(-1)[: 2 * z.numel()].view(2, -1)
+    sub = torch.index_select(z, 0, rows, out=halves[0, : r * vocab].view(r, vocab))
+    inside = torch.le(sub, hi.unsqueeze(1), out=halves[1, : r * vocab].view(r, vocab))
+    inside.sub_(torch.le(sub, lo.unsqueeze(1), out=sub))  # count(<= hi) - count(<= lo), entry by entry
+    row_id, col = inside.nonzero(as_tuple=True)  # row-major: grouped by row
+    values = z[rows[row_id], col]
+    # sort by value, then stably by row: each row's entries stay contiguous, now ascending
+    order = values.argsort(stable=True)
+    values = values[order][row_id[order].argsort(stable=True)]
+    counts = entries.long()
+    start = torch.cumsum(counts, 0) - counts
+    return values[start + rank.long() - 1]

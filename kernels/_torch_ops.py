@@ -17,36 +17,46 @@ import torch
 from ._select import kth_smallest_threshold
 
 
+def kept_mask(z: torch.Tensor, thr: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The clamp's kept entries of ``z`` (rows, or one value per row): strictly above the row's threshold. Every entry
+    equal to the k-th smallest value is dropped with it. fp32 0/1 into ``out`` when given, bool otherwise."""
+    thr = thr.unsqueeze(1) if z.dim() == 2 else thr
+    return torch.gt(z, thr, out=out) if out is not None else torch.gt(z, thr)
+
+
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel()."""
+    """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel().
+
+    ``e`` and ``-e*y`` sit in one ``(n, 2, V)`` buffer: their row sums are one reduction, and the two clamped sums one
+    batched matrix-vector product with the kept mask (no masked copy).
+    """
     n, vocab = z.shape
-    numel = z.numel()
-    neg_y = work.view(-1)[:numel].view(n, vocab)
-    scratch = work.view(-1)[numel : 2 * numel].view(n, vocab)
+    pair = work.view(-1)[: 2 * z.numel()].view(n, 2, vocab)  # pair[:, 0] = e, pair[:, 1] = -e*y
+    e, neg_ey = pair[:, 0], pair[:, 1]
     tgt = targets.unsqueeze(1)
 
     m = z.amax(1)
     z_t = z.gather(1, tgt).squeeze(1)
     out = {"m": m, "y_t": m - z_t}
     if k > 0:
-        thr = kth_smallest_threshold(z, k, row_max=m, scratch=scratch)
+        thr = kth_smallest_threshold(z, k, row_max=m, scratch=pair)
         # at least the max is kept, even when the whole row ties
         thr = torch.minimum(thr, torch.nextafter(m, torch.full_like(m, -float("inf"))))
-        kept = torch.gt(z, thr.unsqueeze(1), out=scratch)  # 0/1 in fp32
         out["thr"] = thr
-        out["kept_t"] = (z_t > thr).to(torch.float32)
+        out["kept_t"] = kept_mask(z_t, thr).to(torch.float32)
 
-    torch.sub(z, m.unsqueeze(1), out=neg_y)  # -y
-    e = torch.exp(neg_y, out=z)  # z's storage now holds e
+    torch.sub(z, m.unsqueeze(1), out=neg_ey)  # -y
+    torch.exp(neg_ey, out=e)
     e.scatter_(1, tgt, 0.0)
-    out["s_rest"] = e.sum(1)
-    neg_y.mul_(e)  # -e*y
-    out["sy_rest"] = neg_y.sum(1).neg_()
+    neg_ey.mul_(e)
+    sums = pair.sum(2)
+    out["s_rest"] = sums[:, 0]
+    out["sy_rest"] = sums[:, 1].neg()
     if k > 0:
-        e.mul_(kept)
-        out["sc_rest"] = e.sum(1)
-        neg_y.mul_(kept)
-        out["syc_rest"] = neg_y.sum(1).neg_()
+        kept = kept_mask(z, thr, out=z)  # 0/1 in fp32, over z (no longer needed)
+        sums_c = torch.bmm(pair, kept.unsqueeze(2)).view(n, 2)
+        out["sc_rest"] = sums_c[:, 0]
+        out["syc_rest"] = sums_c[:, 1].neg()
     return out
 
 
@@ -80,7 +90,7 @@ def grad_tile(
     cols = local.clamp(0, width - 1).unsqueeze(1)  # rows whose target is outside the tile are masked below
 
     if has_clamp:
-        kept = torch.gt(z, coef["thr"].unsqueeze(1), out=d)
+        kept = kept_mask(z, coef["thr"], out=d)
         kept_t = kept.gather(1, cols).squeeze(1)
     y = torch.sub(coef["m"].unsqueeze(1), z, out=z)
     torch.sub(coef["neg_logs"].unsqueeze(1), y, out=p).exp_()

@@ -14,7 +14,10 @@ backward. The forward keeps a few floats per token; the backward recomputes each
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -173,12 +176,10 @@ def _accumulate_grads(g, h, w, grad_h, grad_w, grad_b, alpha, g_half):
         torch.addmm(grad_w, g_half.t(), h, out_dtype=torch.float32, out=grad_w)
 
 
-def _gather_lm_head(weight, bias):
-    """Gather ZeRO-3-partitioned LM-head parameters while the kernel reads them (TRL's helper; a null context
-    without ZeRO-3). Only parameters are passed: a converted copy made by the caller is already whole."""
-    from trl.trainer.utils import maybe_gather_lm_head_ctx  # imported on use: TRL's trainer utilities load slowly
-
-    return maybe_gather_lm_head_ctx(*(p for p in (weight, bias) if isinstance(p, torch.nn.Parameter)))
+def _gather_context(gather_parameters, weight, bias):
+    """The caller's gather of sharded LM-head parameters (``gather_parameters(weight, bias)``, a context manager in
+    which both are whole), or a null context when it passes none."""
+    return contextlib.nullcontext() if gather_parameters is None else gather_parameters(weight, bias)
 
 
 def default_chunk_size(n_tokens: int, vocab: int, device: torch.device | str = "cpu") -> int:
@@ -288,15 +289,17 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
 # autograd.Function
 # --------------------------------------------------------------------------------------------------------------------
 class ChunkedLogProbEntropyFunction(torch.autograd.Function):
-    """``apply(hidden, weight, bias, targets, logit_map, k, chunk_size, backend)`` -> (log_probs, entropy, clamped).
+    """``apply(hidden, weight, bias, targets, logit_map, k, chunk_size, backend[, gather_parameters])`` ->
+    (log_probs, entropy, clamped).
 
     ``logit_map`` is a :class:`LogitMap` (scale, soft-cap, temperature); ``k`` is the number of dropped entries per
     row; ``backend`` is ``"torch"`` or ``"triton"`` (already resolved). ``weight`` and ``bias`` are saved as given:
-    when they are ZeRO-3 parameters, the backward gathers them again for its recompute.
+    when they are sharded parameters, the backward enters ``gather_parameters(weight, bias)`` (None: nothing) again
+    for its recompute. The forward does not gather: its caller already holds them whole.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, logit_map, k, chunk_size, backend):
+    def forward(ctx, hidden, weight, bias, targets, logit_map, k, chunk_size, backend, gather_parameters=None):
         ctx.set_materialize_grads(False)
         device = hidden.device
         n_tokens, d = hidden.shape
@@ -342,6 +345,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         ctx.tile = tile
         ctx.fast = fast
         ctx.full_precision = full_precision
+        ctx.gather_parameters = gather_parameters
         ctx.saved_names = tuple(saved)
         ctx.save_for_backward(hidden, weight, bias, targets, *saved.values())
         return log_probs, entropy, clamped
@@ -353,7 +357,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         saved = dict(zip(ctx.saved_names, saved_values))
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if (g_lp is None and g_h is None and g_c is None) or not (need_h or need_w or need_b):
-            return (None,) * 8
+            return (None,) * 9
         k = ctx.k
         g_lp = g_lp.float() if g_lp is not None else None
         g_h = g_h.float() if g_h is not None else None
@@ -362,7 +366,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         ops = _triton_ops() if ctx.backend == "triton" else _torch_ops
 
         # Under ZeRO-3 the head was re-partitioned after the forward: the recompute needs it whole again.
-        with _gather_lm_head(weight, bias), torch.autocast(device.type, enabled=False):
+        with _gather_context(ctx.gather_parameters, weight, bias), torch.autocast(device.type, enabled=False):
             vocab = weight.shape[0]
             coef_all = _backward_coefficients(saved, g_lp, g_h, g_c, k)
             grad_h = torch.zeros(hidden.shape, device=device, dtype=torch.float32) if need_h else None
@@ -376,6 +380,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
             None,
@@ -399,6 +404,7 @@ def chunked_logprob_entropy(
     backend: str = "auto",
     logit_scale: float = 1.0,
     final_logit_softcapping: float | None = None,
+    gather_parameters: Callable[[torch.Tensor, torch.Tensor | None], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-prob of ``targets``, entropy and clamped entropy of ``softmax(z)``, with ``z`` the LM head's
     logits as TRL's fused head computes them: ``y = (hidden @ weight.T + bias) * logit_scale``, soft-capped to
@@ -418,8 +424,11 @@ def chunked_logprob_entropy(
         final_logit_softcapping: ``None`` or the soft-cap ``c > 0`` (Gemma-2 style), applied before the temperature.
             The clamp drops the same tokens as without it (the map is monotone); it is computed on ``z``.
 
-    ZeRO-3-partitioned ``weight``/``bias`` parameters are gathered while the kernel reads them, in the forward and
-    again in the recomputing backward (TRL's ``maybe_gather_lm_head_ctx``; nothing happens without ZeRO-3).
+        gather_parameters: ``None`` (the parameters are whole) or a callable ``(weight, bias) -> context manager``
+            inside which sharded ``weight``/``bias`` (ZeRO-3) are whole. It is entered while the kernel reads them:
+            in the forward and again in the recomputing backward (ZeRO-3 re-partitions them after the forward). It
+            receives ``weight`` and ``bias`` as passed (``bias`` may be None); choosing what to gather is the caller's
+            business (for example only ``torch.nn.Parameter``s, not copies it converted).
 
     Returns:
         ``(log_probs, entropy, clamped_entropy)``, each ``(N,)`` fp32, differentiable w.r.t. ``hidden``, ``weight``
@@ -440,7 +449,11 @@ def chunked_logprob_entropy(
         if final_logit_softcapping <= 0.0:
             raise ValueError(f"final_logit_softcapping must be None or > 0, got {final_logit_softcapping}")
     logit_map = LogitMap(logit_scale, final_logit_softcapping, temperature)
-    with _gather_lm_head(weight, bias):  # validated and multiplied whole
+    if gather_parameters is not None and not callable(gather_parameters):
+        raise ValueError(
+            f"gather_parameters must be None or a callable (weight, bias) -> context, got {gather_parameters!r}"
+        )
+    with _gather_context(gather_parameters, weight, bias):  # validated and multiplied whole
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
             raise ValueError(f"hidden must be a 2-D tensor (N, d), got shape {tuple(getattr(hidden, 'shape', ()))}")
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -483,7 +496,15 @@ def chunked_logprob_entropy(
         resolved = _resolve_backend(backend, hidden.device)
         k = int(math.floor(clamp_fraction * vocab))
         return ChunkedLogProbEntropyFunction.apply(
-            hidden.contiguous(), weight.contiguous(), bias, targets.contiguous(), logit_map, k, chunk_size, resolved
+            hidden.contiguous(),
+            weight.contiguous(),
+            bias,
+            targets.contiguous(),
+            logit_map,
+            k,
+            chunk_size,
+            resolved,
+            gather_parameters,
         )
 
 

@@ -1,16 +1,19 @@
 """The fused chunked log-prob / entropy / clamped-entropy kernel (PyTorch path) against float64 references."""
 
+import ast
 import contextlib
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
 from float64_reference import reference
+from kernel_reference import naive_logprob_entropy
 
 import trl_entropy.kernels.logprob_entropy as lpe
-from trl_entropy.kernels import chunked_logprob_entropy, naive_logprob_entropy
-from trl_entropy.kernels._cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
+from trl_entropy.kernels import chunked_logprob_entropy
 from trl_entropy.kernels._select import kth_smallest_threshold
 
 
@@ -413,17 +416,16 @@ def test_at_most_one_chunk_of_logits_at_a_time(monkeypatch):
 
 @pytest.mark.parametrize("as_parameters", [True, False], ids=["parameters", "converted copies"])
 def test_lm_head_is_gathered_in_forward_and_in_the_recomputing_backward(as_parameters, monkeypatch):
-    """ZeRO-3 re-partitions the head after the forward, so the backward's recompute must gather it again: TRL's
-    ``maybe_gather_lm_head_ctx`` (recorded here) is entered with the caller's parameter objects themselves (what
-    the Function saved, not copies), and every recompute runs inside it. Copies the caller converted (already whole,
-    not parameters) are not handed to the gather, and the gradients still reach the parameters behind them."""
-    import trl.trainer.utils
-
+    """ZeRO-3 re-partitions the head after the forward, so the backward's recompute must gather it again: the
+    caller's ``gather_parameters`` (recorded here) is entered with the objects the caller passed (what the Function
+    saved, not copies), and every recompute runs inside it. Copies the caller converted (as with
+    ``cast_lm_head_to_fp32``) are handed over the same way, and the gradients still reach the parameters behind
+    them."""
     entered, active = [], []
 
     @contextlib.contextmanager
-    def recording_gather(*params):
-        entered.append(params)
+    def recording_gather(weight, bias):
+        entered.append((weight, bias))
         active.append(True)
         try:
             yield
@@ -437,21 +439,29 @@ def test_lm_head_is_gathered_in_forward_and_in_the_recomputing_backward(as_param
         recomputed_inside.append(bool(active))
         return original(*args)
 
-    monkeypatch.setattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", recording_gather)
     monkeypatch.setattr(lpe, "_chunk_logits", spy)
     hidden, weight, bias, targets = make_inputs(seed=14)
     if as_parameters:
         w_param, b_param = torch.nn.Parameter(weight), torch.nn.Parameter(bias)
-        w_in, b_in, gathered, rtol = w_param, b_param, (w_param, b_param), 1e-5
-    else:  # bf16 parameters, handed to the kernel as fp32 copies (as with ``cast_lm_head_to_fp32``)
+        w_in, b_in, rtol = w_param, b_param, 1e-5
+    else:  # bf16 parameters, handed to the kernel as fp32 copies
         w_param, b_param = torch.nn.Parameter(weight.bfloat16()), torch.nn.Parameter(bias.bfloat16())
-        w_in, b_in, gathered, rtol = w_param.float(), b_param.float(), (), 1e-2
+        w_in, b_in, rtol = w_param.float(), b_param.float(), 1e-2
     h = hidden.clone().requires_grad_()
-    out = chunked_logprob_entropy(h, w_in, targets, bias=b_in, clamp_fraction=0.3, chunk_size=5, logit_scale=0.5)
+    out = chunked_logprob_entropy(
+        h,
+        w_in,
+        targets,
+        bias=b_in,
+        clamp_fraction=0.3,
+        chunk_size=5,
+        logit_scale=0.5,
+        gather_parameters=recording_gather,
+    )
     n_forward_calls = len(recomputed_inside)
-    assert len(entered) == 1 and all(a is b for a, b in zip(entered[0], gathered, strict=True))
+    assert len(entered) == 1 and entered[0][0] is w_in and entered[0][1] is b_in
     sum(o.sum() for o in out).backward()
-    assert len(entered) == 2 and all(a is b for a, b in zip(entered[1], gathered, strict=True)), "backward"
+    assert len(entered) == 2 and entered[1][0] is w_in and entered[1][1] is b_in, "backward"
     assert len(recomputed_inside) == 2 * n_forward_calls == 2 * math.ceil(N / 5) and all(recomputed_inside)
 
     leaves64 = [t.detach().double().requires_grad_() for t in (h, w_param, b_param)]
@@ -459,6 +469,31 @@ def test_lm_head_is_gathered_in_forward_and_in_the_recomputing_backward(as_param
     sum(r.sum() for r in ref).backward()
     assert_values(out, ref)
     assert_grads([h.grad, w_param.grad, b_param.grad], [t.grad for t in leaves64], (h, w_param, b_param), rtol=rtol)
+
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def test_kernels_import_neither_trl_nor_transformers():
+    """``kernels/`` stands alone: the sharded-parameter gather is the caller's (``gather_parameters``)."""
+    sources = sorted(KERNELS_DIR.rglob("*.py"))
+    assert len(sources) >= 4, sources
+    found = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module",
+                "__import__",
+            ):
+                names = [arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant)]
+            else:
+                continue
+            found += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("trl", "transformers")]
+    assert not found, found
 
 
 def test_default_chunk_size_follows_the_memory_budget():
@@ -515,6 +550,7 @@ def test_auto_backend_on_cpu_is_torch(monkeypatch):
         (dict(final_logit_softcapping=-30.0), "final_logit_softcapping"),
         (dict(final_logit_softcapping=float("inf")), "final_logit_softcapping"),
         (dict(final_logit_softcapping=float("nan")), "final_logit_softcapping"),
+        (dict(gather_parameters=object()), "gather_parameters"),
     ],
 )
 def test_bad_inputs_raise_value_error(change, message):

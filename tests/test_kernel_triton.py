@@ -4,11 +4,13 @@
   (Triton reads it when the kernels are decorated, so it cannot be switched on inside this pytest process without
   affecting everything else). The script loads ``kernels/`` standalone, without importing ``trl_entropy``/TRL, and
   checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300), with
-  and without TRL's logit map (soft-cap and logit scale).
+  and without TRL's logit map (soft-cap and logit scale), and the clamp's boundary on tied logits (``clamp_boundary``),
+  which a copy of the kernels with ``>=`` planted in their kept tests must fail.
 * ``test_triton_kernels_compile_for_cuda`` compiles both kernels ahead of time for sm_80 and sm_90 (no GPU needed), so
   a kernel that only the interpreter accepts fails here.
 """
 
+import functools
 import importlib.util
 import itertools
 import math
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clamp_boundary import TIE_CASES, check_clamp_on_ties
 from float64_reference import reference
 
 
@@ -188,7 +191,50 @@ def interpreter_checks() -> None:
         torch.testing.assert_close(x.double(), y.detach(), rtol=1e-5, atol=0.0, msg=f"high-confidence {name}")
     torch.testing.assert_close(h.grad.double(), z64.grad, rtol=1e-5, atol=0.0, msg="high-confidence gradient")
     done("high-confidence token")
+
+    # the clamp's boundary on tied logits; then with ">=" planted in the kernels' kept test, which must fail there
+    triton_kernel = functools.partial(kernels.chunked_logprob_entropy, backend="triton")
+    for case in TIE_CASES:
+        check_clamp_on_ties(triton_kernel, case, 64)
+    done("clamp boundary on tied logits")
+    planted = _planted_ge_ops(ops)
+    kernels.logprob_entropy._triton_ops = lambda: planted
+    try:
+        for case in TIE_CASES:  # the Triton threshold is always the k-th value itself: every tie case catches it
+            try:
+                check_clamp_on_ties(triton_kernel, case, 64)
+            except AssertionError:
+                continue
+            raise AssertionError(f"the planted '>=' passed the tie check {case!r}")
+    finally:
+        kernels.logprob_entropy._triton_ops = lambda: ops
+    done("a planted '>=' fails every tie case")
     print("ALL OK")
+
+
+# The kept tests of ``_triton_ops.py`` (forward sums, the target's flag, the gradient), each written ``key > key``.
+_KEPT_TESTS = (
+    ("ek = tl.where(kz > thr_key, e, 0.0)", "ek = tl.where(kz >= thr_key, e, 0.0)"),
+    (".to(tl.int64) > thr_key).to(tl.float32)", ".to(tl.int64) >= thr_key).to(tl.float32)"),
+    ("bz ^ 0x7FFFFFFF, bz) > tl.where(b_thr < 0", "bz ^ 0x7FFFFFFF, bz) >= tl.where(b_thr < 0"),
+)
+
+
+def _planted_ge_ops(ops):
+    """A copy of the Triton module whose kept tests keep entries equal to the threshold (the bug the tie checks are
+    for), loaded from a temporary file (Triton reads a kernel's source)."""
+    import tempfile
+
+    source = Path(ops.__file__).read_text()
+    for old, new in _KEPT_TESTS:
+        assert source.count(old) == 1, f"kept test not found in _triton_ops.py: {old}"
+        source = source.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / "_triton_ops_planted_ge.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("_triton_ops_planted_ge", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_triton_interpreter_matches_float64():

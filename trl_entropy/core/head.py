@@ -99,6 +99,12 @@ def unsupported_head_reason(model) -> str | None:
     return None
 
 
+def gather_lm_head(weight, bias):
+    """The kernel's ``gather_parameters``: TRL's ZeRO-3 gather of the LM-head parameters (a null context without
+    ZeRO-3). Only parameters are gathered: a copy converted by the head is already whole."""
+    return maybe_gather_lm_head_ctx(*(p for p in (weight, bias) if isinstance(p, torch.nn.Parameter)))
+
+
 def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool = False) -> None:
     """Patch ``model.forward`` to accept ``entropy_head=EntropyHeadRequest(...)`` (see the module docstring)."""
     reason = unsupported_head_reason(model)
@@ -162,6 +168,7 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
                 backend=entropy_head.backend,
                 logit_scale=logit_scale,
                 final_logit_softcapping=final_logit_softcapping,
+                gather_parameters=gather_lm_head,
             )
         # `masked_scatter` keeps an all-masked micro-batch connected to the graph (a differentiable zero).
         log_probs, entropy, clamped_entropy = (

@@ -1,7 +1,8 @@
 """Reference implementation with full logits: simple, memory-hungry, differentiable through autograd.
 
-Useful for tests and benchmarks. It materialises the whole ``(N, V)`` logits (and several same-sized
-intermediates for autograd), which is what the chunked kernel avoids.
+For the tests and the benchmarks (``benchmarks/`` puts this folder on ``sys.path``); not part of the package. It
+materialises the whole ``(N, V)`` logits (and several same-sized intermediates for autograd), which is what the
+chunked kernel avoids.
 """
 
 from __future__ import annotations

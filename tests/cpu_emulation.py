@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import logprob_entropy
+from trl_entropy.kernels import logprob_entropy
 
 
 class TensorAllocations(TorchDispatchMode):

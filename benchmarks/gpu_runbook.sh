@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The GPU runbook in one call: on a fresh CUDA machine with the project's wheels carried in, run from the repository
+# root (tests/ and benchmarks/ are read from there):
+#
+#   bash benchmarks/gpu_runbook.sh [--wheels DIR] [--out DIR]
+#
+# 1. installs the wheels found in DIR (--wheels; the project's and any others carried in), without the network;
+# 2. the CUDA kernel tests: tests/test_kernel_cuda.py (fp32 and bf16, both backends, clamp on and off, against
+#    float64) and the Triton compile test;
+# 3. the kernel benchmark, bf16, N = 16384 at (d, V) = (4096, 151936) and (2048, 32768): naive logits, the AEnt
+#    reference approach (full logits + top-k), TRL's chunked head, Liger's chunked GRPO loss, the four LM-head GEMMs
+#    alone (the floor), ours (torch and triton, clamp on and off);
+# 4. the trainer loss step of a random-initialised ~0.5B Qwen2-architecture model for every trainer against
+#    trl.GRPOTrainer;
+# and writes everything, with the command, the versions and the device line, to OUT/<gpu>-<date>.md (OUT defaults to
+# benchmarks/results). A failing stage is recorded and the others still run; the exit status is 1 if any failed.
+#
+# --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
+# the runbook is known to work before GPU time is spent on it (tests/test_gpu_runbook.py runs it in CI).
+set -uo pipefail
+
+DRY_RUN=0
+OUT_DIR="benchmarks/results"
+WHEELS=""
+PYTHON="${PYTHON:-python}"
+COMMAND="bash benchmarks/gpu_runbook.sh $*"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY_RUN=1 ;;
+        --out) OUT_DIR="$2"; shift ;;
+        --wheels) WHEELS="$2"; shift ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+cd "$(dirname "$0")/.." || exit 2
+mkdir -p "$OUT_DIR"
+
+if [ -n "$WHEELS" ] && [ "$DRY_RUN" = 0 ]; then
+    "$PYTHON" -m pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || exit 2
+fi
+
+if [ "$DRY_RUN" = 1 ]; then
+    GPU="dry-run-cpu"
+    DEVICE_LINE="CPU dry run (toy sizes): $(nproc) cores"
+else
+    GPU="$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "-"))')" || exit 2
+    DEVICE_LINE="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+fi
+REPORT="$OUT_DIR/$GPU-$(date +%Y-%m-%d).md"
+VERSIONS="$("$PYTHON" - <<'EOF'
+import importlib.metadata as md
+import platform
+
+import torch
+
+names = ["torch", "triton", "trl", "transformers", "liger-kernel", "deepspeed", "trl-entropy"]
+found = []
+for name in names:
+    try:
+        found.append(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        found.append(f"{name} (not installed)")
+print(f"python {platform.python_version()}, CUDA {torch.version.cuda}, " + ", ".join(found))
+EOF
+)"
+
+{
+    echo "# Kernel and trainer benchmarks: $GPU, $(date +%Y-%m-%d)"
+    echo
+    echo "* command: \`$COMMAND\`"
+    echo "* device: $DEVICE_LINE"
+    echo "* versions: $VERSIONS"
+    echo "* commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} > "$REPORT"
+
+FAILED=()
+stage() {  # stage TITLE COMMAND...: runs it, appends its command and output to the report
+    local title="$1"; shift
+    echo "== $title: $*"
+    {
+        echo
+        echo "## $title"
+        echo
+        echo "\`$*\`"
+        echo
+    } >> "$REPORT"
+    local log
+    log="$(mktemp)"
+    "$@" > "$log" 2>&1
+    local status=$?
+    grep -E '^\||^(preset|parameters|device)=?|[0-9]+ (passed|failed|skipped|error)' "$log" >> "$REPORT"
+    if [ $status -ne 0 ]; then
+        FAILED+=("$title")
+        { echo; echo "**failed (exit $status)**; last lines:"; echo '```'; tail -20 "$log"; echo '```'; } >> "$REPORT"
+    fi
+    tail -3 "$log"
+    rm -f "$log"
+}
+
+if [ "$DRY_RUN" = 1 ]; then
+    KERNEL_TEST_DEVICE=cpu stage "CUDA kernel tests (dry run: on the CPU, PyTorch backend)" \
+        "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernel_cuda.py
+    stage "Kernel benchmark (dry run)" "$PYTHON" benchmarks/kernel_bench.py --in-process --strict --repeats 1 \
+        --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp
+    stage "Trainer loss step (dry run: toy Qwen2)" "$PYTHON" benchmarks/step_bench.py --preset toy --repeats 1
+else
+    stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernel_cuda.py \
+        tests/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
+    stage "Kernel benchmark (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda --dtype bf16 --repeats 5 \
+        --shapes 16384,4096,151936 16384,2048,32768 \
+        --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp,ours_triton,ours_triton_noclamp
+    stage "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" "$PYTHON" benchmarks/step_bench.py \
+        --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 5
+fi
+
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "failed stages: ${FAILED[*]} (report: $REPORT)" >&2
+    exit 1
+fi
+echo "report: $REPORT"

@@ -1,0 +1,126 @@
+"""The clamp's threshold search (``kernels/_select.py``) and the clamp's boundary on tied logits (PyTorch path; the
+Triton path runs the same boundary checks in ``test_kernel_triton.py``'s interpreter script)."""
+
+import functools
+import math
+
+import pytest
+import select_reference
+import torch
+from clamp_boundary import TIE_AT_THRESHOLD, TIE_CASES, check_clamp_on_ties
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trl_entropy.kernels import _torch_ops, chunked_logprob_entropy
+from trl_entropy.kernels._select import kth_smallest_threshold
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The search: the same selected set as torch.kthvalue and as the previous loop, for any number of passes
+# ---------------------------------------------------------------------------------------------------------------------
+def _rows(kind: str, vocab: int, n: int = 7, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + vocab)
+    if kind == "gaussian":
+        return torch.randn(n, vocab, generator=g) * 3
+    if kind == "skewed":
+        return -(torch.randn(n, vocab, generator=g).exp() * 3) + torch.randn(n, 1, generator=g)
+    if kind == "ties":  # a few distinct values: ties straddle every rank
+        return torch.randint(0, 5, (n, vocab), generator=g).float()
+    if kind == "constant rows":
+        return torch.full((n, vocab), 1.5).index_put_((torch.tensor([0]),), torch.randn(1, vocab, generator=g))
+    if kind == "-inf entries":  # masked vocabulary entries, fewer and more than k of them
+        z = torch.randn(n, vocab, generator=g)
+        z[:, : vocab // 10] = -math.inf
+        z[n // 2 :, : vocab // 2] = -math.inf
+        return z
+    raise ValueError(kind)
+
+
+KINDS = ("gaussian", "skewed", "ties", "constant rows", "-inf entries")
+
+
+@pytest.mark.parametrize("passes", [1, 3, 6, 12])
+@pytest.mark.parametrize("vocab", [2, 7, 300, 2500, 9000])
+@pytest.mark.parametrize("kind", KINDS)
+def test_threshold_selects_what_kthvalue_and_the_previous_loop_select(kind, vocab, passes):
+    z = _rows(kind, vocab)
+    for fraction in (0.01, 0.3, 0.5, 0.999):
+        k = max(1, min(vocab - 1, math.floor(fraction * vocab)))
+        thr = kth_smallest_threshold(z, k, passes=passes)
+        kth = torch.kthvalue(z, k, dim=1).values
+        assert torch.equal(z <= thr[:, None], z <= kth[:, None]), (kind, vocab, k)
+        previous = select_reference.kth_smallest_threshold(z, k)
+        assert torch.equal(z <= thr[:, None], z <= previous[:, None]), (kind, vocab, k)
+
+
+_HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "bincount", "unique", "repeat_interleave"}
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the ATen ops that copy a value to the host (a GPU stalls on each): ``.item()``/``bool()``/``int()``
+    (``_local_scalar_dense``), ``nonzero`` and the ops whose output size depends on the data, and copies to the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _HOST_READS or (name in ("_to_copy", "copy_") and (kwargs or {}).get("device") is not None):
+            self.ops.append(name)
+        if name == "index" and any(t is not None and t.dtype == torch.bool for t in args[1]):
+            self.ops.append("index with a mask")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "ties"])
+def test_search_reads_the_host_a_fixed_number_of_times_whatever_the_passes(kind):
+    """No host read inside the loop: with 2 passes or 24, at most four per call (how many rows are still open, then
+    ``nonzero`` for the rows finished inside their bracket, for their entries and for the rows left to kthvalue)."""
+    z = _rows(kind, 9000, n=16)
+    k = math.floor(0.3 * 9000)
+    counts = {}
+    for passes in (2, 24):
+        with HostReads() as reads:
+            kth_smallest_threshold(z, k, passes=passes)
+        counts[passes] = reads.ops
+    assert counts[2] and all(len(ops) <= 4 for ops in counts.values()), counts
+
+
+def test_host_read_counter_sees_item_bool_and_nonzero():
+    z = torch.randn(3, 5)
+    with HostReads() as reads:
+        bool((z > 0).any())
+        z.sum().item()
+        (z > 0).nonzero()
+        _ = z[z > 0]
+    assert len(reads.ops) >= 4, reads.ops
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The clamp's boundary on tied logits, against float64; a planted ">=" must fail
+# ---------------------------------------------------------------------------------------------------------------------
+torch_kernel = functools.partial(chunked_logprob_entropy, backend="torch")
+VOCABS = [64, 2500]  # torch.kthvalue for short rows; the counting search from 2048 entries on
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("case", list(TIE_CASES))
+def test_clamp_on_tied_logits_matches_float64(case, vocab):
+    check_clamp_on_ties(torch_kernel, case, vocab)
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("case", TIE_AT_THRESHOLD)
+def test_keeping_entries_equal_to_the_threshold_fails_the_tie_checks(case, vocab, monkeypatch):
+    """The bug the tie checks are there for: keeping ``z >= threshold`` (dropping k - 1 entries, or fewer with ties)
+    instead of ``z > threshold``. Planted here, it must fail them."""
+    original = _torch_ops.kept_mask
+
+    def kept_ge(z, thr, out=None):
+        kept = original(z, thr, out=out)
+        equal = z == (thr.unsqueeze(1) if z.dim() == 2 else thr)
+        return kept.masked_fill_(equal, True if kept.dtype == torch.bool else 1.0)
+
+    monkeypatch.setattr(_torch_ops, "kept_mask", kept_ge)
+    with pytest.raises(AssertionError):
+        check_clamp_on_ties(torch_kernel, case, vocab)
