@@ -98,3 +98,20 @@ def test_a_loss_computed_around_ours_fails_the_first_step(toy_model_path, toy_to
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: the first training step did not go through"):
         trainer.train()
     assert trainer.state.global_step == 1  # stopped at the first step, not later
+
+
+def test_every_private_override_of_the_base_is_guarded():
+    """The base's overrides of TRL's / Trainer's private methods are exactly the guarded list (a new override must be
+    added to the guard), and no other file of the library overrides one."""
+    import ast
+    from pathlib import Path
+
+    from test_layout import private_overrides
+
+    package = Path(__file__).resolve().parents[1] / "trl_entropy"
+    found = {
+        path.relative_to(package).as_posix(): private_overrides(ast.parse(path.read_text()))
+        for path in package.rglob("*.py")
+    }
+    assert {name.split(".")[1] for name in found.pop("core/trainer.py")} == set(OVERRIDDEN_METHODS)
+    assert {path: names for path, names in found.items() if names} == {}
