@@ -25,6 +25,7 @@ from trl_entropy import (
     ClipCovConfig,
     EntropyGRPOConfig,
     KLCovConfig,
+    QAEConfig,
     REPOConfig,
 )
 from trl_entropy.methods import METHODS, get_method
@@ -80,6 +81,10 @@ INVALID = {
         "repo_beta_max": [0, 5e-5, nan, inf],  # 5e-5 is below the default repo_beta_min 1e-4
         "repo_entropy_target": [0, -1.0, nan, inf, True],
         "repo_keep_advantage_sign": ["yes", None, 1],
+    },
+    QAEConfig: {
+        "qae_quantile_k": [0, 1, 1.5, -0.1, nan, True, "0.4"],  # the authors' code falls back to the mean: refused
+        "multi_objective_aggregation": ["normalize_then_sum"],  # no group of rewards to take a quantile of
     },
     ADAPOConfig: {
         "adapo_epsilon_high_step": [0, -0.01, nan],

@@ -39,6 +39,7 @@ METHOD_METRIC = {
     "repo_r": "repo/beta",
     "repo_d": "repo/beta",
     "adapo": "adapo/epsilon_high",
+    "qae": "qae/zero_advantage_fraction",
 }
 
 

@@ -27,7 +27,14 @@ def tree(path: Path) -> ast.Module:
 
 
 def test_every_registered_method_has_its_own_file():
-    assert [module.rsplit(".", 1)[1] for module in METHOD_MODULES] == ["adapo", "aent", "clip_cov", "kl_cov", "repo"]
+    assert [module.rsplit(".", 1)[1] for module in METHOD_MODULES] == [
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+        "qae",
+        "repo",
+    ]
     assert {f"trl_entropy.methods.{path.stem}" for path in METHOD_FILES} >= set(METHOD_MODULES)
 
 

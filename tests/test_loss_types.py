@@ -146,6 +146,7 @@ NEUTRAL = {
     "repo_r": ({"repo_beta": 0.0}, {}),
     "repo_d": ({"repo_beta": 0.0}, {}),
     "adapo": ({}, {"epsilon_high": 0.28}),  # the first step, before the controller moves ε_high
+    "qae": ({}, {}),  # the loss step is the base's: QAE changes only the generation batch's advantages
 }
 REFUSED = {("adapo", loss_type) for loss_type in ("cispo", "sapo", "vespo")}
 REFUSAL_REASONS = {"cispo": "epsilon_max", "sapo": "sigmoid gate", "vespo": "gamma weight"}

@@ -154,6 +154,7 @@ MODEL_CARDS = {
     "KLCovTrainer": ("KL-Cov", "The Entropy Mechanism of Reinforcement Learning", "2505.22617", "kl-cov"),
     "REPOTrainer": ("REPO", "Entropy-Preserving Reinforcement Learning", "2603.11682", "repo"),
     "ADAPOTrainer": ("ADAPO", "Entropy-Preserving Reinforcement Learning", "2603.11682", "adapo"),
+    "QAETrainer": ("QAE", "Quantile Advantage Estimation for Entropy-Safe Reasoning", "2509.22611", "qae"),
 }
 
 

@@ -34,6 +34,8 @@ _PUBLIC = {
     "ClipCovTrainer": ".methods.clip_cov",
     "KLCovConfig": ".methods.kl_cov",
     "KLCovTrainer": ".methods.kl_cov",
+    "QAEConfig": ".methods.qae",
+    "QAETrainer": ".methods.qae",
     "REPOConfig": ".methods.repo",
     "REPOController": ".methods.repo",
     "REPOTrainer": ".methods.repo",

@@ -96,6 +96,24 @@ CONTROLLER_PANELS: tuple[ControllerPanel, ...] = (
         "fraction of tokens",
         smooth=True,
     ),
+    ControllerPanel(
+        "qae/zero_advantage_fraction",
+        "QAE: completions with zero advantage (qae/zero_advantage_fraction)",
+        "fraction of completions",
+        smooth=True,
+    ),
+    ControllerPanel(
+        "qae/hard_group_fraction",
+        "QAE: hard-regime groups (qae/hard_group_fraction)",
+        "fraction of groups",
+        smooth=True,
+    ),
+    ControllerPanel(
+        "qae/easy_group_fraction",
+        "QAE: easy-regime groups (qae/easy_group_fraction)",
+        "fraction of groups",
+        smooth=True,
+    ),
     ControllerPanel("entropy_coef", "TRL entropy coefficient (entropy_coef)", "coefficient"),
 )
 # Entropy targets the controllers steer toward: drawn dashed on the entropy panel.

@@ -119,3 +119,10 @@ def loss_step_metrics(
     metrics["clip_ratio/low_min"] = nanmin(accelerator.gather(sequence_means(low.float(), mask))).item()
     metrics["clip_ratio/high_max"] = nanmax(accelerator.gather(sequence_means(high.float(), mask))).item()
     return metrics
+
+
+def replace_tail(log, values: list) -> None:
+    """Replace the last ``len(values)`` entries of ``log`` (a deque, possibly bounded) by ``values``."""
+    for _ in range(min(len(values), len(log))):
+        log.pop()
+    log.extend(values)

@@ -10,6 +10,7 @@ The hooks a method fills (docs/adding_a_method.md walks through them):
 * ``clip_range()``                                 ``(ε_low, ε_high)`` of the PPO clip;
 * ``per_token_policy_loss(batch, ratio, advantages)``  the per-token surrogate;
 * ``regulariser(batch)``                           a scalar added to the loss (a token mean; scaled for accumulation);
+* ``group_baseline(grouped_rewards)``               the baseline of each prompt group (None: TRL's mean);
 * ``on_generation_batch(batch)``                   sees each generation batch; may add ``carried_token_keys`` tensors;
 * ``rank_checkpoint_state()`` / ``restore_rank_checkpoint_state(checkpoint)``  per-rank state in checkpoints.
 
@@ -47,12 +48,14 @@ from .head import (
 from .objectives import (
     TOKEN_SUM_LOSS_TYPES,
     aggregate_loss,
+    group_advantages,
     importance_ratio,
     k3_kl,
     policy_surrogate,
+    summed_rewards,
     vespo_weights,
 )
-from .statistics import global_token_mean, loss_step_metrics
+from .statistics import global_token_mean, loss_step_metrics, replace_tail
 
 
 class EntropyGRPOTrainer(GRPOTrainer):
@@ -136,6 +139,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
         """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
         return None
 
+    def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor | None:
+        """The baseline ``(groups,)`` of each prompt group of rewards ``(groups, num_generations)`` gathered from every
+        rank (NaN: unscorable), the same on every rank; TRL's scaling then applies around it. None keeps TRL's mean."""
+        return None
+
     def on_generation_batch(self, batch: dict) -> None:
         """Called on every generation batch TRL makes (training and evaluation), on every rank, before TRL splits it
         into micro-batches; it may add ``(B, T)`` tensors under ``carried_token_keys``. Collectives are allowed."""
@@ -172,10 +180,20 @@ class EntropyGRPOTrainer(GRPOTrainer):
                 f"for completion {row} of the generation batch ({int(infinite.sum())} infinite rewards in all). "
                 "Rewards must be finite; return None for a completion the function cannot score."
             )
+        self._gathered_rewards = rewards_per_func  # every rank's rows, for group_baseline
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        rewards = summed_rewards(self._gathered_rewards, self.reward_weights)
+        baseline = self.group_baseline(rewards.view(-1, num_generations))
+        if baseline is not None:  # TRL's advantages around the method's baseline; this rank's rows, as TRL slices them
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                raise ValueError(f"{type(self).__name__} needs multi_objective_aggregation='sum_then_normalize'.")
+            advantages, rows = group_advantages(rewards, num_generations, self.scale_rewards, baseline), len(inputs)
+            output["advantages"] = advantages[self.accelerator.process_index * rows :][:rows]
+            replace_tail(self._logs["advantages"], advantages.tolist())  # the completions table shows them too
         self.on_generation_batch(output)
         return output
 

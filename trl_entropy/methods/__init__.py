@@ -13,6 +13,7 @@ from .adapo import ADAPOConfig, ADAPOTrainer
 from .aent import AEntConfig, AEntTrainer
 from .clip_cov import ClipCovConfig, ClipCovTrainer
 from .kl_cov import KLCovConfig, KLCovTrainer
+from .qae import QAEConfig, QAETrainer
 from .repo import REPOConfig, REPOTrainer
 
 
@@ -42,6 +43,7 @@ METHODS: dict[str, Method] = {
     "repo_r": Method("REPO-R: rescaled per-token advantages", REPOConfig, REPOTrainer, {"repo_variant": "R"}),
     "repo_d": Method("REPO-D: decorrelated per-token advantages", REPOConfig, REPOTrainer, {"repo_variant": "D"}),
     "adapo": Method("ADAPO: DAPO with an adaptive epsilon_high", ADAPOConfig, ADAPOTrainer),
+    "qae": Method("QAE: the K-quantile of the group's rewards as the baseline", QAEConfig, QAETrainer),
 }
 
 
