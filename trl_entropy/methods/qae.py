@@ -123,8 +123,7 @@ class QAETrainer(EntropyGRPOTrainer):
     def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor:
         baseline = quantile_baseline(grouped_rewards, self.args.qae_quantile_k)
         mode = "train" if self.model.training else "eval"
-        for name, value in qae_gate_metrics(
-            grouped_rewards, baseline
-        ).items():  # every rank: the same gathered rewards
+        # Every rank sees the same gathered rewards, so every rank logs the same values.
+        for name, value in qae_gate_metrics(grouped_rewards, baseline).items():
             self._metrics[mode][name].append(value)
         return baseline
