@@ -25,7 +25,12 @@ GRIDS = {
     "kl_cov": {"kl_cov_ratio": [0.02, 0.1, 0.3], "kl_cov_coef": [1.0, 10.0]},
     "repo_r": {"repo_beta_max": [0.05, 0.2, 0.5]},
     "repo_d": {"repo_beta_max": [0.05, 0.2, 0.5]},
+    "entreg": {"entropy_coef": [0.01, 0.03, 0.1]},
+    # AEnt's band stays [0.4, 0.5] around the toy policy's start (0.58 nats): the controller's step and box are swept.
+    "aent": {"aent_coef_lr": [0.1, 1.0], "aent_coef_max": [0.05, 0.5]},
 }
+# Settings every run of a method's grid shares (the rest of the method's examples/configs YAML).
+FIXED = {"aent": {"aent_entropy_low": 0.4, "aent_entropy_high": 0.5}}
 REWARD_MARGIN = 0.1
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entropy_collapse_demo.py")
 
@@ -87,7 +92,8 @@ def main(argv=None) -> int:
     points = grid_points(args.method)
     for name, settings in points:
         with open(os.path.join(configs, f"{name}.yaml"), "w") as file:
-            file.write(f"method: {args.method}\n" + "".join(f"{key}: {value}\n" for key, value in settings.items()))
+            values = {**FIXED.get(args.method, {}), **settings}
+            file.write(f"method: {args.method}\n" + "".join(f"{key}: {value}\n" for key, value in values.items()))
     command = [
         sys.executable,
         DEMO,
