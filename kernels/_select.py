@@ -49,6 +49,7 @@ def kth_smallest_threshold(
     row_max: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
     passes: int | None = None,
+    block_rows: int | None = None,
 ) -> torch.Tensor:
     """Per row of ``z`` (n, V), fp32 without NaN: a threshold ``t`` (n,) such that ``z <= t`` selects exactly the
     entries ``<=`` the k-th smallest value of the row (the ``k`` smallest ones when there is no tie at the boundary).
@@ -56,7 +57,8 @@ def kth_smallest_threshold(
     ``1 <= k < V``. ``row_max`` may pass ``z.amax(1)`` when the caller already has it. ``scratch`` is an optional fp32
     buffer with at least ``2 * z.numel()`` elements (otherwise one is allocated). ``passes`` >= 1 (default
     ``_PASSES``) is the number of counting passes before the rows still open are finished exactly (any value gives the
-    same result).
+    same result). ``block_rows`` (default: the whole chunk on a GPU, a cache-sized block on the CPU) is how many rows
+    go through the passes together (any value gives the same result).
     """
     n, vocab = z.shape
     passes = _PASSES if passes is None else passes
@@ -67,11 +69,54 @@ def kth_smallest_threshold(
     stride = vocab // _SAMPLE
     if stride <= 1:  # short rows: the sample would be (nearly) the whole row
         return torch.kthvalue(z, k, dim=1).values
-    sample = z[:, ::stride].sort(1).values
     if scratch is None:
         scratch = torch.empty(2 * z.numel(), dtype=z.dtype, device=z.device)
-    buf = scratch.view(-1)[: z.numel()].view(n, vocab)
     target = k + 0.5
+    rows = _block_rows(z) if block_rows is None else max(1, int(block_rows))
+    row_max = z.amax(1) if row_max is None else row_max
+    # the passes run block by block (on the CPU a block of rows that stays in cache: every pass over it reads the
+    # cache, not memory); a GPU takes the whole chunk as one block. Nothing here reads the host.
+    parts = [
+        _search_block(z[r0 : r0 + rows], k, row_max[r0 : r0 + rows], scratch, passes, target)
+        for r0 in range(0, n, rows)
+    ]
+    thr, done, lo, hi, f_lo_true, f_hi_true = (
+        parts[0][i] if len(parts) == 1 else torch.cat([part[i] for part in parts]) for i in range(6)
+    )
+
+    # The rows still open. One host read: how many end inside their bracket and how many by kthvalue.
+    entries = f_hi_true - f_lo_true  # count(<= hi) - count(<= lo)
+    small = ~done & (entries <= _FINISH_MAX) & torch.isfinite(lo)
+    wide = ~done & ~small
+    n_small, n_wide = divmod(int((small.sum() * (n + 1) + wide.sum()).item()), n + 1)
+    if n_small > 0:
+        rows = small.nonzero().squeeze(1)
+        c_lo = (f_lo_true + target).round()
+        found = _finish_in_bracket(z, scratch, rows, lo[rows], hi[rows], (k - c_lo)[rows], entries[rows])
+        thr = thr.index_copy(0, rows, found)
+    if n_wide > 0:
+        rows = wide.nonzero().squeeze(1)
+        thr = thr.index_copy(0, rows, torch.kthvalue(z.index_select(0, rows), k, dim=1).values)
+    return thr
+
+
+_BLOCK_BYTES_CPU = 4 << 20  # a row block of this many bytes of logits stays in this CPU's cache through the passes
+
+
+def _block_rows(z: torch.Tensor) -> int:
+    """Rows per block for the counting passes: the whole chunk on a GPU, a cache-sized block on the CPU."""
+    if z.device.type != "cpu":
+        return max(1, z.shape[0])
+    return max(1, _BLOCK_BYTES_CPU // (z.element_size() * max(1, z.shape[1])))
+
+
+def _search_block(z, k, row_max, scratch, passes, target):
+    """The counting passes over one block of rows ``z`` (b, V). Returns ``(thr, done, lo, hi, f_lo_true, f_hi_true)``
+    per row: ``thr`` is valid where ``done``; elsewhere the verified bracket and its counts minus ``target``."""
+    n, vocab = z.shape
+    stride = vocab // _SAMPLE
+    sample = z[:, ::stride].sort(1).values
+    buf = scratch.view(-1)[: z.numel()].view(n, vocab)
 
     def count(t: torch.Tensor) -> torch.Tensor:
         """``count(z <= t) - target`` per row (fp32 sums of 0/1 are exact below 2**24)."""
@@ -81,7 +126,7 @@ def kth_smallest_threshold(
     # the bracket lo < z_(k) <= hi, with f = count - target (f_lo < 0 < f_hi): first just below the row's minimum (a
     # count of 0, except on a row with -inf entries: there lo = -inf is unverified until a guess lands below the
     # target) and at its maximum (a count of V)
-    hi = (z.amax(1) if row_max is None else row_max).clone()
+    hi = row_max.clone()
     lo = torch.nextafter(z.amin(1), torch.full_like(hi, -math.inf))
     f_lo = torch.full_like(lo, -target)
     f_hi = torch.full_like(lo, vocab - target)
@@ -116,21 +161,7 @@ def kth_smallest_threshold(
         t = lo - f_lo * ((hi - lo) / (f_hi - f_lo))
         t = torch.where((t > lo) & (t < hi), t, 0.5 * lo + 0.5 * hi)
         update(t, count(t))
-
-    # The rows still open. One host read: how many end inside their bracket and how many by kthvalue.
-    entries = f_hi_true - f_lo_true  # count(<= hi) - count(<= lo)
-    small = ~done & (entries <= _FINISH_MAX) & torch.isfinite(lo)
-    wide = ~done & ~small
-    n_small, n_wide = divmod(int((small.sum() * (n + 1) + wide.sum()).item()), n + 1)
-    if n_small > 0:
-        rows = small.nonzero().squeeze(1)
-        c_lo = (f_lo_true + target).round()
-        found = _finish_in_bracket(z, scratch, rows, lo[rows], hi[rows], (k - c_lo)[rows], entries[rows])
-        thr = thr.index_copy(0, rows, found)
-    if n_wide > 0:
-        rows = wide.nonzero().squeeze(1)
-        thr = thr.index_copy(0, rows, torch.kthvalue(z.index_select(0, rows), k, dim=1).values)
-    return thr
+    return thr, done, lo, hi, f_lo_true, f_hi_true
 
 
 def _finish_in_bracket(z, scratch, rows, lo, hi, rank, entries):
