@@ -105,8 +105,21 @@ def grad_tile(
     n, width = z.shape
     numel = z.numel()
     p = work.view(-1)[:numel].view(n, width)
-    c = work.view(-1)[numel : 2 * numel].view(n, width)
-    d = work.view(-1)[2 * numel : 3 * numel].view(n, width)
+    rows = _block_rows(z, width)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        block = (r1 - r0) * width
+        # c and d live in a block-sized part of work, reused: on the CPU they stay in cache
+        c = work.view(-1)[numel : numel + block].view(r1 - r0, width)
+        d = work.view(-1)[numel + block : numel + 2 * block].view(r1 - r0, width)
+        coef_b = {name: t[r0:r1] for name, t in coef.items()}
+        _grad_rows(z[r0:r1], vocab_start, targets[r0:r1], coef_b, p[r0:r1], c, d)
+    return p
+
+
+def _grad_rows(z, vocab_start, targets, coef, p, c, d):
+    """``grad_tile`` for a block of rows: ``dL/dz`` into ``p``, with ``c``, ``d`` buffers of the same shape."""
+    n, width = z.shape
     has_clamp = "thr" in coef
 
     local = targets - vocab_start
