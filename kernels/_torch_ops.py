@@ -32,7 +32,7 @@ def _block_rows(z: torch.Tensor, width: int) -> int:
     return max(1, BLOCK_BYTES_CPU // (4 * max(1, width)))
 
 
-BLOCK_BYTES_CPU = 2 << 20  # bytes of logits per row block on the CPU
+BLOCK_BYTES_CPU = 1 << 20  # bytes of logits per row block on the CPU
 
 
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
