@@ -132,21 +132,22 @@ def _search_block(z, k, row_max, scratch, passes, target):
     f_hi = torch.full_like(lo, vocab - target)
     f_lo_true, f_hi_true = f_lo.clone(), f_hi.clone()  # the same without the Illinois halving
     side = torch.zeros_like(lo)  # which end moved last: -1 lo, +1 hi
-    thr = torch.zeros_like(lo)
-    done = torch.zeros(n, dtype=torch.bool, device=z.device)
 
-    def update(t, f):
-        nonlocal lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side, thr, done
-        hit = ~done & (f < 0) & (f > -1)  # count == k
-        thr = torch.where(hit, t, thr)
-        done = done | hit
-        below = ~done & (f < 0) & (t > lo)
-        above = ~done & (f > 0) & (t < hi)
+    def update(t, f, guarded=False):
+        """Move the end on ``t``'s side to ``t``. A guess that counts exactly ``k`` becomes ``lo`` (``f_lo_true`` is
+        then ``-1/2``) and stays a valid threshold: later guesses lie above it. Every row moves one end per pass, so
+        this is a few whole-block ops (each op costs the CPU a few microseconds whatever its size)."""
+        nonlocal lo, hi, f_lo, f_hi, f_lo_true, f_hi_true, side
+        below = f < 0
+        above = ~below
+        if guarded:  # pass 1: the guesses need not lie inside the bracket
+            below = below & (t > lo)
+            above = above & (t < hi)
         f_hi = torch.where(below & (side < 0), 0.5 * f_hi, f_hi)
         f_lo = torch.where(above & (side > 0), 0.5 * f_lo, f_lo)
         lo, f_lo, f_lo_true = (torch.where(below, new, old) for new, old in ((t, lo), (f, f_lo), (f, f_lo_true)))
         hi, f_hi, f_hi_true = (torch.where(above, new, old) for new, old in ((t, hi), (f, f_hi), (f, f_hi_true)))
-        side = torch.where(below, -1.0, torch.where(above, 1.0, side))
+        side = torch.where(below, -1.0, torch.where(above, 1.0, side)) if guarded else below * -2.0 + 1.0
 
     # pass 1: two guesses from the sorted sample, on both sides of the target rank
     width = sample.shape[1]
@@ -158,13 +159,14 @@ def _search_block(z, k, row_max, scratch, passes, target):
     # largest of those
     smallest = sample.topk(pos2 + 1, 1, largest=False, sorted=False).values
     for t in (smallest.topk(pos2 - pos1 + 1, 1, sorted=False).values.amin(1), smallest.amax(1)):
-        update(t, count(t))
+        update(t, count(t), guarded=True)
     # further passes: regula falsi inside the bracket (the midpoint when the guess is not strictly inside)
     for _ in range(passes - 1):
         t = lo - f_lo * ((hi - lo) / (f_hi - f_lo))
         t = torch.where((t > lo) & (t < hi), t, 0.5 * lo + 0.5 * hi)
         update(t, count(t))
-    return thr, done, lo, hi, f_lo_true, f_hi_true
+    done = f_lo_true > -1  # count(<= lo) == k
+    return lo, done, lo, hi, f_lo_true, f_hi_true
 
 
 def _finish_in_bracket(z, scratch, rows, lo, hi, rank, entries):
