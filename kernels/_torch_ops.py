@@ -24,39 +24,63 @@ def kept_mask(z: torch.Tensor, thr: torch.Tensor, out: torch.Tensor | None = Non
     return torch.gt(z, thr, out=out) if out is not None else torch.gt(z, thr)
 
 
+def _block_rows(z: torch.Tensor, width: int) -> int:
+    """Rows per block for the element-wise work: a cache-sized block on the CPU (each block's temporaries are written
+    and read back while they are still in cache), the whole chunk on a GPU."""
+    if z.device.type != "cpu":
+        return max(1, z.shape[0])
+    return max(1, BLOCK_BYTES_CPU // (4 * max(1, width)))
+
+
+BLOCK_BYTES_CPU = 1 << 20  # bytes of logits per row block on the CPU
+
+
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
     """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel().
 
-    ``e`` and ``-e*y`` sit in one ``(n, 2, V)`` buffer: their row sums are one reduction, and the two clamped sums one
-    batched matrix-vector product with the kept mask (no masked copy).
+    Row block by row block (cache-sized on the CPU), ``e`` and ``-e*y`` sit in one ``(b, 2, V)`` buffer: their row
+    sums are one reduction, and the two clamped sums one batched matrix-vector product with the kept mask (no masked
+    copy).
     """
     n, vocab = z.shape
-    pair = work.view(-1)[: 2 * z.numel()].view(n, 2, vocab)  # pair[:, 0] = e, pair[:, 1] = -e*y
-    e, neg_ey = pair[:, 0], pair[:, 1]
     tgt = targets.unsqueeze(1)
 
     m = z.amax(1)
     z_t = z.gather(1, tgt).squeeze(1)
     out = {"m": m, "y_t": m - z_t}
     if k > 0:
-        thr = kth_smallest_threshold(z, k, row_max=m, scratch=pair)
+        thr = kth_smallest_threshold(z, k, row_max=m, scratch=work)
         # at least the max is kept, even when the whole row ties
         thr = torch.minimum(thr, torch.nextafter(m, torch.full_like(m, -float("inf"))))
         out["thr"] = thr
         out["kept_t"] = kept_mask(z_t, thr).to(torch.float32)
 
-    torch.sub(z, m.unsqueeze(1), out=neg_ey)  # -y
-    torch.exp(neg_ey, out=e)
-    e.scatter_(1, tgt, 0.0)
-    neg_ey.mul_(e)
-    sums = pair.sum(2)
+    sums = torch.empty(n, 2, dtype=z.dtype, device=z.device)
+    sums_c = torch.empty(n, 2, 1, dtype=z.dtype, device=z.device) if k > 0 else None
+    rows = _block_rows(z, vocab)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        zb = z[r0:r1]
+        b = r1 - r0
+        pair = work.view(-1)[: 2 * zb.numel()].view(b, 2, vocab)  # pair[:, 0] = e, pair[:, 1] = -e*y
+        e, neg_ey = pair[:, 0], pair[:, 1]
+        torch.sub(zb, m[r0:r1].unsqueeze(1), out=neg_ey)  # -y
+        torch.exp(neg_ey, out=e)
+        e.scatter_(1, tgt[r0:r1], 0.0)
+        neg_ey.mul_(e)
+        torch.sum(pair, 2, out=sums[r0:r1])
+        if k > 0:
+            kept = kept_mask(zb, thr[r0:r1], out=zb)  # 0/1 in fp32, over z (no longer needed)
+            if z.device.type == "cpu":  # a matrix-vector product per row: the CPU's batched one is ~3x slower
+                for i in range(b):
+                    torch.mv(pair[i], kept[i], out=sums_c[r0 + i, :, 0])
+            else:
+                torch.bmm(pair, kept.unsqueeze(2), out=sums_c[r0:r1])
     out["s_rest"] = sums[:, 0]
     out["sy_rest"] = sums[:, 1].neg()
     if k > 0:
-        kept = kept_mask(z, thr, out=z)  # 0/1 in fp32, over z (no longer needed)
-        sums_c = torch.bmm(pair, kept.unsqueeze(2)).view(n, 2)
-        out["sc_rest"] = sums_c[:, 0]
-        out["syc_rest"] = sums_c[:, 1].neg()
+        out["sc_rest"] = sums_c[:, 0, 0]
+        out["syc_rest"] = sums_c[:, 1, 0].neg()
     return out
 
 
@@ -81,8 +105,21 @@ def grad_tile(
     n, width = z.shape
     numel = z.numel()
     p = work.view(-1)[:numel].view(n, width)
-    c = work.view(-1)[numel : 2 * numel].view(n, width)
-    d = work.view(-1)[2 * numel : 3 * numel].view(n, width)
+    rows = _block_rows(z, width)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        block = (r1 - r0) * width
+        # c and d live in a block-sized part of work, reused: on the CPU they stay in cache
+        c = work.view(-1)[numel : numel + block].view(r1 - r0, width)
+        d = work.view(-1)[numel + block : numel + 2 * block].view(r1 - r0, width)
+        coef_b = {name: t[r0:r1] for name, t in coef.items()}
+        _grad_rows(z[r0:r1], vocab_start, targets[r0:r1], coef_b, p[r0:r1], c, d)
+    return p
+
+
+def _grad_rows(z, vocab_start, targets, coef, p, c, d):
+    """``grad_tile`` for a block of rows: ``dL/dz`` into ``p``, with ``c``, ``d`` buffers of the same shape."""
+    n, width = z.shape
     has_clamp = "thr" in coef
 
     local = targets - vocab_start

@@ -52,6 +52,46 @@ def test_threshold_selects_what_kthvalue_and_the_previous_loop_select(kind, voca
         assert torch.equal(z <= thr[:, None], z <= previous[:, None]), (kind, vocab, k)
 
 
+@pytest.mark.parametrize("block_rows", [1, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_threshold_is_the_same_by_row_blocks(kind, block_rows):
+    """The CPU runs the passes block by block (cache-sized); any block size selects the same set (here the rows of
+    every kind are mixed, so that blocks hold different kinds)."""
+    z = torch.cat([_rows(other, 9000, n=3) for other in KINDS])
+    z = z[torch.randperm(z.shape[0], generator=torch.Generator().manual_seed(len(kind)))]
+    for fraction in (0.01, 0.3, 0.999):
+        k = math.floor(fraction * 9000)
+        thr = kth_smallest_threshold(z, k, passes=3, block_rows=block_rows)
+        kth = torch.kthvalue(z, k, dim=1).values
+        assert torch.equal(z <= thr[:, None], z <= kth[:, None]), (kind, block_rows, k)
+        whole = kth_smallest_threshold(z, k, passes=3, block_rows=z.shape[0])
+        assert torch.equal(z <= thr[:, None], z <= whole[:, None])
+
+
+def test_kernel_by_row_blocks_matches_one_block(monkeypatch):
+    """The forward's element-wise work and the backward's gradient tile run by row blocks on the CPU: blocks of one
+    or a few rows give the same outputs and gradients as one block per chunk (up to summation order)."""
+    g = torch.Generator().manual_seed(5)
+    n, d, vocab = 13, 16, 3000
+    hidden = torch.randn(n, d, generator=g)
+    weight = torch.randn(vocab, d, generator=g) * 0.5
+    bias = torch.randn(vocab, generator=g) * 0.1
+    targets = torch.randint(0, vocab, (n,), generator=g)
+
+    def run():
+        h, w, b = (t.clone().requires_grad_(True) for t in (hidden, weight, bias))
+        outs = torch_kernel(h, w, targets, bias=b, clamp_fraction=0.3, chunk_size=5)
+        sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
+        return [*outs, h.grad, w.grad, b.grad]
+
+    monkeypatch.setattr(_torch_ops, "BLOCK_BYTES_CPU", 1 << 30)
+    whole = run()
+    for block_bytes in (1, 3 * 4 * vocab):
+        monkeypatch.setattr(_torch_ops, "BLOCK_BYTES_CPU", block_bytes)
+        for got, want in zip(run(), whole):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 _HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "bincount", "unique", "repeat_interleave"}
 
 
