@@ -64,13 +64,6 @@ def train_module():
     return load_module(TRAIN, "train_example")
 
 
-def run_train(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_DISABLED="true")
-    return subprocess.run(
-        [sys.executable, str(TRAIN), *arguments], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-
-
 def logged_metrics(output: str) -> dict[str, str]:
     """The last training log line the Trainer printed (a dict literal with the metrics)."""
     import ast
@@ -80,54 +73,102 @@ def logged_metrics(output: str) -> dict[str, str]:
     return logs[-1]
 
 
-# One launch runs examples/train.py as a script (run as __main__, exactly as from the command line) once per method,
-# in one interpreter: the imports are paid once. Each method's output is delimited by a header line on both streams.
-EVERY_METHOD_DRIVER = """
+# One launch runs examples/train.py as a script (run as __main__, exactly as from the command line) once per case, in
+# one interpreter: the imports are paid once. Each case's output is delimited by a header line on both streams.
+CLI_DRIVER = """
 import json, runpy, sys, traceback
-train, options, results, *methods = sys.argv[1:]
+train, runs, results = sys.argv[1:]
 status = {}
-for method in methods:
+for name, arguments in json.load(open(runs)):
     for stream in (sys.stdout, sys.stderr):
-        print(f"=== train.py --method {method} ===", file=stream, flush=True)
-    sys.argv = [train, "--method", method, *json.loads(options)]
+        print(f"=== train.py case {name} ===", file=stream, flush=True)
+    sys.argv = [train, *arguments]
     try:
         runpy.run_path(train, run_name="__main__")
-        status[method] = 0
+        status[name] = 0
     except SystemExit as exit:
-        status[method] = exit.code or 0
+        status[name] = exit.code or 0
     except BaseException:
         traceback.print_exc()
-        status[method] = 1
+        status[name] = 1
 with open(results, "w") as file:
     json.dump(status, file)
 """
 
 
+def write_yaml_case(folder: Path, toy_cache: str) -> list[str]:
+    """A YAML config whose learning rate the command line overrides."""
+    config = folder / "run.yaml"
+    values = {"method": "aent", "aent_coef_init": 0.01, "aent_adaptive": False, "learning_rate": 1e-5}
+    config.write_text(yaml.safe_dump({**values, "lr_scheduler_type": "constant", "warmup_steps": 0}))
+    output_dir = folder / "out_yaml"
+    return [
+        "--config",
+        str(config),
+        *TINY,
+        "--output_dir",
+        str(output_dir),
+        "--toy_policy_cache",
+        toy_cache,
+        "--learning_rate",
+        "2e-5",
+    ]
+
+
+def write_real_model_case(folder: Path, toy_cache: str) -> list[str]:
+    """A saved model with a chat template and a GSM8K-style dataset folder, for the --model_name_or_path path."""
+    from trl_entropy.toy import build_toy_policy
+
+    model, tokenizer = build_toy_policy(seed=0, cache_dir=toy_cache)
+    tokenizer.chat_template = (
+        "{% for message in messages %}{{ message['content'] | lower }}{% endfor %}"
+        "{% if add_generation_prompt %}={% endif %}"
+    )
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    rows = [
+        {"question": f"What is {a}+{a + 1}?", "answer": f"{a}+{a + 1}={2 * a + 1}\n#### {2 * a + 1}"} for a in range(8)
+    ]
+    dataset = write_jsonl(folder / "gsm", rows)
+    arguments = ["--method", "aent", "--model_name_or_path", str(folder / "model"), "--dataset_name", dataset]
+    arguments += ["--use_cpu", "--report_to", "none", "--max_completion_length", "8"]
+    return [*arguments, *TINY, "--output_dir", str(folder / "out_real")]
+
+
+LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
+
+
 @pytest.fixture(scope="module")
-def every_method_run(toy_cache, tmp_path_factory):
-    """``train.py --method M`` for every registered method, in one launch: (folder, exit status, stdout, stderr) per
-    method."""
-    folder = tmp_path_factory.mktemp("every_method")
-    options = json.dumps([*TINY, "--toy_policy_cache", toy_cache])
+def cli_runs(toy_cache, tmp_path_factory):
+    """Every command-line case of train.py in one launch: ``{case: (folder, exit status, stdout, stderr)}``. The cases:
+    every registered method (``method:<name>``), a YAML config with a command-line override, LoRA, a real model on a
+    local math dataset, and the errors of ``CLI_ERRORS`` run as a process (``error:<case>``)."""
+    folder = tmp_path_factory.mktemp("cli")
+    runs = [(f"method:{m}", ["--method", m, *TINY, "--toy_policy_cache", toy_cache]) for m in sorted(METHODS)]
+    runs.append(("yaml", write_yaml_case(folder, toy_cache)))
+    runs.append(("lora", ["--method", "repo_r", *TINY, *LORA, "--toy_policy_cache", toy_cache]))
+    runs.append(("real_model", write_real_model_case(folder, toy_cache)))
+    runs += [(f"error:{case}", fill(CLI_ERRORS[case][0], folder, "")) for case in PROCESS_ERRORS]
+    (folder / "runs.json").write_text(json.dumps(runs))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_DISABLED="true")
-    command = [sys.executable, "-c", EVERY_METHOD_DRIVER, str(TRAIN), options, "status.json", *sorted(METHODS)]
+    command = [sys.executable, "-c", CLI_DRIVER, str(TRAIN), "runs.json", "status.json"]
     launched = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
     status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {}
 
     def parts(text):
-        sections = re.split(r"^=== train\.py --method (\S+) ===$", text, flags=re.MULTILINE)
+        sections = re.split(r"^=== train\.py case (\S+(?: \S+)*) ===$", text, flags=re.MULTILINE)
         return dict(zip(sections[1::2], sections[2::2], strict=True))
 
     stdout, stderr = parts(launched.stdout), parts(launched.stderr)
     return {
-        method: (folder, status.get(method, launched.returncode or 1), stdout.get(method, ""), stderr.get(method, ""))
-        for method in METHODS
+        name: (folder, status.get(name, launched.returncode or 1), stdout.get(name, ""), stderr.get(name, ""))
+        for name, _ in runs
     }
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_train_runs_every_method(method, every_method_run):
-    folder, status, stdout, stderr = every_method_run[method]
+def test_train_runs_every_method(method, cli_runs):
+    folder, status, stdout, stderr = cli_runs[f"method:{method}"]
     assert status == 0, stderr[-4000:]
     output_dir = folder / "outputs" / f"{method}-toy"  # the default folder, relative to where the user runs it
     assert (output_dir / "model.safetensors").exists()
@@ -143,35 +184,19 @@ def test_train_runs_every_method(method, every_method_run):
         assert float(metrics["entropy_coef"]) == get_method("entreg").defaults["entropy_coef"]
 
 
-def test_train_yaml_config_and_command_line_override(toy_cache, tmp_path):
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "method": "aent",
-                "aent_coef_init": 0.01,
-                "aent_adaptive": False,
-                "learning_rate": 1e-5,
-                "lr_scheduler_type": "constant",
-                "warmup_steps": 0,
-            }
-        )
-    )
-    output_dir = tmp_path / "out"
-    arguments = ["--config", str(config), *TINY, "--output_dir", str(output_dir), "--toy_policy_cache", toy_cache]
-    result = run_train([*arguments, "--learning_rate", "2e-5"], tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = logged_metrics(result.stdout + result.stderr)
+def test_train_yaml_config_and_command_line_override(cli_runs):
+    _, status, stdout, stderr = cli_runs["yaml"]
+    assert status == 0, stderr[-4000:]
+    metrics = logged_metrics(stdout + stderr)
     assert float(metrics["aent/coef"]) == pytest.approx(0.01)  # from the YAML (and held: not adaptive)
     assert float(metrics["learning_rate"]) == pytest.approx(2e-5)  # the command line beats the YAML
 
 
-def test_train_use_peft_trains_a_lora_adapter(toy_cache, tmp_path):
-    lora = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
-    result = run_train(["--method", "repo_r", *TINY, *lora, "--toy_policy_cache", toy_cache], tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    output_dir = tmp_path / "outputs" / "repo_r-toy-lora"  # never the full model's default folder
-    assert "saved the LoRA adapter to outputs/repo_r-toy-lora" in result.stderr
+def test_train_use_peft_trains_a_lora_adapter(cli_runs):
+    folder, status, _, stderr = cli_runs["lora"]
+    assert status == 0, stderr[-4000:]
+    output_dir = folder / "outputs" / "repo_r-toy-lora"  # never the full model's default folder
+    assert "saved the LoRA adapter to outputs/repo_r-toy-lora" in stderr
     adapter = json.loads((output_dir / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and adapter["lora_alpha"] == 8
     assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
@@ -179,7 +204,7 @@ def test_train_use_peft_trains_a_lora_adapter(toy_cache, tmp_path):
     assert not (output_dir / "model.safetensors").exists()  # only the adapter was trained and saved
 
 
-METHOD_NAMES = "grpo, entreg, aent, clip_cov, kl_cov, repo_r, repo_d, adapo"
+METHOD_NAMES = "grpo, entreg, aent, clip_cov, kl_cov, repo_r, repo_d, adapo, qae"
 # (command line, what stderr says). `{tmp}` is a fresh folder holding `list.yaml` (a YAML list), `ppo.yaml`
 # (`method: ppo`) and `aent.yaml` (an AEnt setting); `{model}` is a saved toy model.
 CLI_ERRORS = {
@@ -248,13 +273,15 @@ def test_train_command_line_errors(case, train_module, error_case_folder, toy_mo
     assert "training in fp32" not in printed.err  # the precision notice waits until the run really starts
 
 
-@pytest.mark.parametrize("case", ["unknown method", "missing model folder"])
-def test_train_command_line_error_as_a_process(case, tmp_path):
-    arguments, message = CLI_ERRORS[case]
-    result = run_train(fill(arguments, tmp_path, ""), tmp_path)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == f"train.py: error: {message.format(tmp=tmp_path)}"
+PROCESS_ERRORS = ("unknown method", "missing model folder")
+
+
+@pytest.mark.parametrize("case", PROCESS_ERRORS)
+def test_train_command_line_error_as_a_process(case, cli_runs):
+    folder, status, _, stderr = cli_runs[f"error:{case}"]
+    assert status == 2
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == f"train.py: error: {CLI_ERRORS[case][1].format(tmp=folder)}"
 
 
 # (extra flags, bf16 GPU present, bf16 in the config, the notice); a real model path, so TRL's own defaults apply.
@@ -420,32 +447,16 @@ def write_jsonl(folder: Path, rows: list[dict]) -> str:
     return str(folder)
 
 
-def test_train_real_model_on_a_local_math_dataset(toy_cache, tmp_path):
+def test_train_real_model_on_a_local_math_dataset(cli_runs):
     """The --model_name_or_path path end to end, offline: a saved model with a chat template, a GSM8K-style dataset
     folder, the math answer reward, TRL's defaults instead of the toy recipe."""
-    from trl_entropy.toy import build_toy_policy
-
-    model, tokenizer = build_toy_policy(seed=0, cache_dir=toy_cache)
-    tokenizer.chat_template = (
-        "{% for message in messages %}{{ message['content'] | lower }}{% endfor %}"
-        "{% if add_generation_prompt %}={% endif %}"
-    )
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    rows = [
-        {"question": f"What is {a}+{a + 1}?", "answer": f"{a}+{a + 1}={2 * a + 1}\n#### {2 * a + 1}"} for a in range(8)
-    ]
-    dataset = write_jsonl(tmp_path / "gsm", rows)
-    output_dir = tmp_path / "out"
-    arguments = ["--method", "aent", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", dataset]
-    arguments += ["--use_cpu", "--report_to", "none", "--max_completion_length", "8"]
-    result = run_train([*arguments, *TINY, "--output_dir", str(output_dir)], tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "train.py: --use_cpu: training in fp32" in result.stderr  # TRL's bf16 default gave way, with a notice
-    metrics = logged_metrics(result.stdout + result.stderr)
+    folder, status, stdout, stderr = cli_runs["real_model"]
+    assert status == 0, stderr[-4000:]
+    assert "train.py: --use_cpu: training in fp32" in stderr  # TRL's bf16 default gave way, with a notice
+    metrics = logged_metrics(stdout + stderr)
     assert "rewards/math_answer_reward/mean" in metrics and "aent/coef" in metrics
     assert float(metrics["learning_rate"]) == pytest.approx(1e-6)  # TRL's default schedule, not the toy recipe's
-    assert (output_dir / "model.safetensors").exists()
+    assert (folder / "out_real" / "model.safetensors").exists()
 
 
 def test_real_math_dataset_reads_gsm8k_and_math_columns(train_module, tmp_path):

@@ -110,40 +110,49 @@ def test_evaluate_works_for_every_method_and_moves_no_controller(
 # Liger patches transformers' model modules for the whole process (its RMSNorm class, RoPE function...), and its Triton
 # kernels do not run on the CPU: the check runs in a process of its own.
 LIGER_CHECK = """
-import sys
+import os, sys
 from transformers.integrations.liger import apply_liger_kernel
 from trl_entropy.methods import METHODS
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
-spec = METHODS[sys.argv[1]]
-trainer = spec.trainer_class(
-    model=sys.argv[2],
-    reward_funcs=toy_reward,
-    args=spec.config_class(
-        output_dir=sys.argv[3], use_liger_kernel=True, per_device_train_batch_size=8, num_generations=4,
-        report_to=[], use_cpu=True, bf16=False,
-    ),
-    train_dataset=build_toy_dataset(8),
-)
-assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
-head_forward = trainer.model.forward.__func__
-apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
-assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward", "Liger was not applied"
-assert trainer.model.forward.__func__ is head_forward, "the entropy head was replaced"
-print("entropy head kept")
+for name in sys.argv[1].split(","):
+    spec = METHODS[name]
+    trainer = spec.trainer_class(
+        model=sys.argv[2],
+        reward_funcs=toy_reward,
+        args=spec.config_class(
+            output_dir=os.path.join(sys.argv[3], name), use_liger_kernel=True, per_device_train_batch_size=8,
+            num_generations=4, report_to=[], use_cpu=True, bf16=False,
+        ),
+        train_dataset=build_toy_dataset(8),
+    )
+    assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
+    head_forward = trainer.model.forward.__func__
+    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
+    assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward", "Liger was not applied"
+    assert trainer.model.forward.__func__ is head_forward, "the entropy head was replaced"
+    print(f"{name}: entropy head kept", flush=True)
 """
+LIGER_METHODS = ("grpo", "aent")
 
 
-@pytest.mark.parametrize("method", ["grpo", "aent"])
-def test_liger_layer_kernels_keep_the_entropy_head(method, toy_model_path, tmp_path):
+@pytest.fixture(scope="module")
+def liger_check(toy_model_path, tmp_path_factory):
+    """The check above for every method of LIGER_METHODS, in one process of its own."""
+    folder = tmp_path_factory.mktemp("liger")
+    return subprocess.run(
+        [sys.executable, "-c", LIGER_CHECK, ",".join(LIGER_METHODS), toy_model_path, str(folder)],
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("method", LIGER_METHODS)
+def test_liger_layer_kernels_keep_the_entropy_head(method, liger_check):
     """`use_liger_kernel=True`: transformers applies Liger's layer kernels when training starts; the model's forward
     must stay the entropy head (TRL turns Liger's fused linear cross-entropy off for that). Liger's Triton kernels do
     not run on the CPU, even under the Triton interpreter, so this checks the wiring only."""
-    result = subprocess.run(
-        [sys.executable, "-c", LIGER_CHECK, method, toy_model_path, str(tmp_path)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("entropy head kept")
+    assert f"{method}: entropy head kept" in liger_check.stdout.splitlines(), liger_check.stderr[-3000:]
 
 
 # What each trainer's model card must say: the method, its paper (title and arXiv id) and its tag; the base is GRPO.
