@@ -20,24 +20,29 @@ def owners(name: str) -> list[type]:
     return [klass for klass in GRPOTrainer.__mro__ if name in vars(klass)]
 
 
-def test_the_guards_are_silent_on_the_supported_trl(toy_model_path, toy_tokenizer, tmp_path):
-    check_trl_methods(EntropyGRPOTrainer)
+def short_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, max_steps):
+    """A trainer of ``trainer_class`` on the toy task, ready to train ``max_steps`` optimizer steps."""
     args = EntropyGRPOConfig(
-        output_dir=str(tmp_path),
+        output_dir=str(output_dir),
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=4,
-        max_steps=1,
+        max_steps=max_steps,
         report_to=[],
         use_cpu=True,
     )
-    trainer = EntropyGRPOTrainer(
+    return trainer_class(
         model=toy_model_path,
         processing_class=toy_tokenizer,
         reward_funcs=toy_reward,
         args=args,
         train_dataset=build_toy_dataset(8),
     )
+
+
+def test_the_guards_are_silent_on_the_supported_trl(toy_model_path, toy_tokenizer, tmp_path):
+    check_trl_methods(EntropyGRPOTrainer)
+    trainer = short_run(EntropyGRPOTrainer, toy_model_path, toy_tokenizer, tmp_path, max_steps=1)
     trainer.train()
     assert trainer.loss_path.checked and trainer.loss_path.loss_steps > 0
 
@@ -79,22 +84,7 @@ class DriftedTrainer(EntropyGRPOTrainer, TRLWithAnotherLossPath):
 
 
 def test_a_loss_computed_around_ours_fails_the_first_step(toy_model_path, toy_tokenizer, tmp_path):
-    args = EntropyGRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        max_steps=2,
-        report_to=[],
-        use_cpu=True,
-    )
-    trainer = DriftedTrainer(
-        model=toy_model_path,
-        processing_class=toy_tokenizer,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8),
-    )
+    trainer = short_run(DriftedTrainer, toy_model_path, toy_tokenizer, tmp_path, max_steps=2)
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: the first training step did not go through"):
         trainer.train()
     assert trainer.state.global_step == 1  # stopped at the first step, not later

@@ -16,11 +16,10 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
-from ..core.citation import method_paper
 from ..core.config import validate_fraction
 from ..core.objectives import surrogate_flat
 from ..core.statistics import token_covariance
-from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .cov_selection import PAPER, PAPER_CARD, CovSelectionConfig, CovSelectionTrainer, selection_count
 
 
 CLIP_COV_GENERATOR_FILE = "clip_cov_generator_{process_index}.pt"
@@ -141,13 +140,7 @@ class ClipCovTrainer(CovSelectionTrainer):
     config_class = ClipCovConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "clip-cov"]
     _name = "Clip-Cov"  # the model card: "trained with Clip-Cov", citing its paper next to GRPO's
-    _paper = method_paper(
-        "cui2025entropy",
-        "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-        "2505.22617",
-        2025,
-        "Ganqu Cui and others",
-    )
+    _paper = PAPER_CARD
 
     def __init__(self, *positional, **keyword):
         super().__init__(*positional, **keyword)

@@ -23,6 +23,7 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..core.batch import CompletionBatch
+from ..core.citation import method_paper
 from ..core.config import EntropyGRPOConfig
 from ..core.statistics import covariance_moments, pooled_covariance
 from ..core.trainer import EntropyGRPOTrainer
@@ -32,6 +33,14 @@ COV_SELECTION_SCOPES = ("micro_batch", "generation_batch")
 # The generation batch's per-token selection mask, (B, T) bool, under cov_selection_scope="generation_batch".
 COV_SELECTION_KEY = "cov_selection"
 PAPER = "Cui et al., arXiv:2505.22617"
+# The model card's citation of both methods' paper (next to GRPO's).
+PAPER_CARD = method_paper(
+    "cui2025entropy",
+    "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+    "2505.22617",
+    2025,
+    "Ganqu Cui and others",
+)
 
 
 def selection_count(ratio: float, num_valid: int) -> int:

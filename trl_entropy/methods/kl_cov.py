@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import method_paper
 from ..core.config import validate_fraction, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.statistics import token_covariance
-from .cov_selection import PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .cov_selection import PAPER, PAPER_CARD, CovSelectionConfig, CovSelectionTrainer, selection_count
 
 
 def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -95,13 +94,7 @@ class KLCovTrainer(CovSelectionTrainer):
     config_class = KLCovConfig
     _tag_names = ["trl", "grpo", "trl-entropy", "kl-cov"]
     _name = "KL-Cov"  # the model card: "trained with KL-Cov", citing its paper next to GRPO's
-    _paper = method_paper(
-        "cui2025entropy",
-        "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-        "2505.22617",
-        2025,
-        "Ganqu Cui and others",
-    )
+    _paper = PAPER_CARD
 
     def __init__(self, *positional, **keyword):
         super().__init__(*positional, **keyword)
