@@ -51,6 +51,7 @@ LAUNCHES = {
         "test_train_real_model_on_a_local_math_dataset",
     },
     "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
+    "test_gpu_runbook.py": "all",
     "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},
     "test_resume_changes.py": {"test_kill_inside_the_optimizer_write_is_skipped_on_resume"},
     "test_report.py": {"test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra"},
