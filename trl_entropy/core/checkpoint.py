@@ -64,9 +64,14 @@ def load_rank_file(checkpoint: str, pattern: str, process_index: int, device=Non
     return value if device is None else send_to_device(value, device)
 
 
+def cycle_open(trl_step: int, steps_per_generation: int, num_iterations: int) -> bool:
+    """True when TRL's micro-batch counter ``trl_step`` is inside a generation cycle: the rest of the cycle trains on
+    the buffered generation batch."""
+    return trl_step % (steps_per_generation * num_iterations) != 0
+
+
 def generation_cycle_open(trainer) -> bool:
-    """True inside a generation cycle: the rest of it trains on the buffered generation batch."""
-    return trainer._step % (trainer.args.steps_per_generation * trainer.num_iterations) != 0
+    return cycle_open(trainer._step, trainer.args.steps_per_generation, trainer.num_iterations)
 
 
 def method_name(trainer) -> str:
@@ -189,7 +194,7 @@ def refuse_other_method(trainer, checkpoint: str, written_by: str) -> None:
 def start_new_cycle(trainer, reason: str | None) -> None:
     """Drop the buffered generation batch and the partial cycle: the next step generates anew (as TRL does)."""
     trainer._step, trainer._buffered_inputs = 0, None
-    trainer.controller_cycle.statistics, trainer.controller_cycle.optimizer_steps = {}, 0
+    trainer.controller_cycle.start_cycle()
     if reason is not None:
         warnings.warn(
             f"{reason}: the buffered generation batch and the partial cycle statistics are discarded and the "
@@ -228,12 +233,11 @@ def restore_entropy_control(trainer, checkpoint: str) -> None:
     accelerator = trainer.accelerator
     trainer.controller_cycle.restore(snapshot, keep_sums=accelerator.is_main_process, device=accelerator.device)
     trainer._step = snapshot["trl_step"]
-    old_layout = snapshot.get("layout", layout(trainer))
-    if old_layout != layout(trainer):
-        old_open = snapshot["trl_step"] % (old_layout["steps_per_generation"] * old_layout["num_iterations"]) != 0
-        changed = ", ".join(
-            f"{k}: {v} → {layout(trainer)[k]}" for k, v in old_layout.items() if v != layout(trainer)[k]
-        )
+    new_layout = layout(trainer)
+    old_layout = snapshot.get("layout", new_layout)
+    if old_layout != new_layout:
+        old_open = cycle_open(snapshot["trl_step"], old_layout["steps_per_generation"], old_layout["num_iterations"])
+        changed = ", ".join(f"{k}: {v} → {new_layout[k]}" for k, v in old_layout.items() if v != new_layout[k])
         start_new_cycle(
             trainer,
             f"{checkpoint} was saved inside a generation cycle and the layout changed ({changed})"

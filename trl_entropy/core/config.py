@@ -21,6 +21,11 @@ def is_finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_integer(value) -> bool:
+    """True for an int (bools excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def reject_trl_entropy_bonus(config, method: str) -> None:
     """Refuse TRL's own entropy bonus next to a method that controls entropy itself.
 
@@ -71,7 +76,7 @@ def validate_grpo_values(config) -> None:
     here first, so the error names the field and the value given. Some of these checks are stricter than TRL's."""
     stricter = "(stricter than trl.GRPOConfig, which accepts it and then fails or trains nothing)"
     iterations = config.num_iterations
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+    if not (is_integer(iterations) and iterations >= 1):
         raise ValueError(f"num_iterations={iterations!r} is invalid: it must be an integer >= 1 {stricter}.")
     for name in ("epsilon", "epsilon_high", "beta"):
         value = getattr(config, name)
@@ -159,9 +164,7 @@ class EntropyGRPOConfig(GRPOConfig):
                 f"entropy_kernel_backend={self.entropy_kernel_backend!r} is not one of {list(KERNEL_BACKENDS)}."
             )
         chunk_size = self.entropy_kernel_chunk_size
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
-        ):
+        if chunk_size is not None and not (is_integer(chunk_size) and chunk_size > 0):
             raise ValueError(f"entropy_kernel_chunk_size must be a positive integer or None, got {chunk_size!r}.")
         epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high  # None means epsilon
         if (self.epsilon, epsilon_high) != (0.2, 0.2) and not self.controls_clip_range:

@@ -172,9 +172,13 @@ class ControllerCycle:
             self._update(step)
         return {name: value for c in self.controllers.values() for name, value in c.metrics().items()}
 
+    def start_cycle(self) -> None:
+        """Forget the current cycle's progress: the next micro-batch opens a new cycle."""
+        self.statistics, self.optimizer_steps = {}, 0
+
     def _update(self, step: int) -> None:
         totals = self.world_statistics()
-        self.statistics, self.optimizer_steps = {}, 0
+        self.start_cycle()
         means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
         for controller in self.controllers.values():
             mean = means[controller.statistic]

@@ -21,7 +21,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import method_paper
-from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOConfig, is_finite_number, is_integer, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.statistics import masked_mean
 from ..core.trainer import EntropyGRPOTrainer
@@ -211,7 +211,7 @@ class AEntConfig(EntropyGRPOConfig):
                 "coefficient."
             )
         warmup = self.aent_warmup_steps
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        if not (is_integer(warmup) and warmup >= 0):
             raise ValueError(f"aent_warmup_steps must be a non-negative integer, got {warmup!r}.")
         if not isinstance(self.aent_adaptive, bool):
             raise ValueError(f"aent_adaptive must be a bool, got {self.aent_adaptive!r}.")

@@ -8,13 +8,12 @@ tokens by covariance term ``Cov_t`` (eq. 10). Where the top-k is taken (per micr
 batch) is the shared ``cov_selection_scope`` of ``methods/cov_selection.py``.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.config import validate_fraction, warn_if_on_policy
+from ..core.config import is_finite_number, validate_fraction, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.statistics import token_covariance
 from .cov_selection import PAPER, PAPER_CARD, CovSelectionConfig, CovSelectionTrainer, selection_count
@@ -78,7 +77,7 @@ class KLCovConfig(CovSelectionConfig):
         super().__post_init__()
         validate_fraction("kl_cov_ratio", self.kl_cov_ratio)
         coef = self.kl_cov_coef
-        if not (isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef) and coef >= 0):
+        if not (is_finite_number(coef) and coef >= 0):
             raise ValueError(f"kl_cov_coef={coef!r} is invalid: it must be a finite number >= 0.")
         if self.delta is not None:
             raise ValueError(
