@@ -40,6 +40,8 @@ setup(
         "datasets>=4.7",
         "tokenizers>=0.21",
         "packaging",
+        # the kernel's threshold search (its per-row bookkeeping on the CPU), the evaluation and the report
+        "numpy",
     ],
     extras_require={
         # LoRA (`peft_config`, `--use_peft`): only LoRA users need peft, and the library never imports it itself.

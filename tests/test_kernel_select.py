@@ -38,30 +38,32 @@ def _rows(kind: str, vocab: int, n: int = 7, seed: int = 0) -> torch.Tensor:
 KINDS = ("gaussian", "skewed", "ties", "constant rows", "-inf entries")
 
 
+@pytest.mark.parametrize("host_bookkeeping", [True, False], ids=["numpy bookkeeping", "device bookkeeping"])
 @pytest.mark.parametrize("passes", [1, 3, 6, 12])
 @pytest.mark.parametrize("vocab", [2, 7, 300, 2500, 9000])
 @pytest.mark.parametrize("kind", KINDS)
-def test_threshold_selects_what_kthvalue_and_the_previous_loop_select(kind, vocab, passes):
+def test_threshold_selects_what_kthvalue_and_the_previous_loop_select(kind, vocab, passes, host_bookkeeping):
     z = _rows(kind, vocab)
     for fraction in (0.01, 0.3, 0.5, 0.999):
         k = max(1, min(vocab - 1, math.floor(fraction * vocab)))
-        thr = kth_smallest_threshold(z, k, passes=passes)
+        thr = kth_smallest_threshold(z, k, passes=passes, host_bookkeeping=host_bookkeeping)
         kth = torch.kthvalue(z, k, dim=1).values
         assert torch.equal(z <= thr[:, None], z <= kth[:, None]), (kind, vocab, k)
         previous = select_reference.kth_smallest_threshold(z, k)
         assert torch.equal(z <= thr[:, None], z <= previous[:, None]), (kind, vocab, k)
 
 
+@pytest.mark.parametrize("host_bookkeeping", [True, False], ids=["numpy bookkeeping", "device bookkeeping"])
 @pytest.mark.parametrize("block_rows", [1, 3])
 @pytest.mark.parametrize("kind", KINDS)
-def test_threshold_is_the_same_by_row_blocks(kind, block_rows):
+def test_threshold_is_the_same_by_row_blocks(kind, block_rows, host_bookkeeping):
     """The CPU runs the passes block by block (cache-sized); any block size selects the same set (here the rows of
     every kind are mixed, so that blocks hold different kinds)."""
     z = torch.cat([_rows(other, 9000, n=3) for other in KINDS])
     z = z[torch.randperm(z.shape[0], generator=torch.Generator().manual_seed(len(kind)))]
     for fraction in (0.01, 0.3, 0.999):
         k = math.floor(fraction * 9000)
-        thr = kth_smallest_threshold(z, k, passes=3, block_rows=block_rows)
+        thr = kth_smallest_threshold(z, k, passes=3, block_rows=block_rows, host_bookkeeping=host_bookkeeping)
         kth = torch.kthvalue(z, k, dim=1).values
         assert torch.equal(z <= thr[:, None], z <= kth[:, None]), (kind, block_rows, k)
         whole = kth_smallest_threshold(z, k, passes=3, block_rows=z.shape[0])
@@ -114,14 +116,15 @@ class HostReads(TorchDispatchMode):
 
 @pytest.mark.parametrize("kind", ["gaussian", "ties"])
 def test_search_reads_the_host_a_fixed_number_of_times_whatever_the_passes(kind):
-    """No host read inside the loop: with 2 passes or 24, at most four per call (how many rows are still open, then
-    ``nonzero`` for the rows finished inside their bracket, for their entries and for the rows left to kthvalue)."""
+    """No host read inside the loop: with 2 passes or 24, at most four per call (how many rows end each way, then
+    ``nonzero`` for which rows, for the segments that hold their bracket's entries and for those entries). The
+    bookkeeping stays on the tensors' device, as it does on a GPU (on the CPU it runs in NumPy, on the same memory)."""
     z = _rows(kind, 9000, n=16)
     k = math.floor(0.3 * 9000)
     counts = {}
     for passes in (2, 24):
         with HostReads() as reads:
-            kth_smallest_threshold(z, k, passes=passes)
+            kth_smallest_threshold(z, k, passes=passes, host_bookkeeping=False)
         counts[passes] = reads.ops
     assert counts[2] and all(len(ops) <= 4 for ops in counts.values()), counts
 
