@@ -10,15 +10,17 @@ compare and one row sum (``count(z <= t)``).
 
 1. A strided sample of each row (``_SAMPLE`` columns) gives two guesses on both sides of the target rank (two of
    its order statistics, by ``topk``), counted in the first pass: most rows start with a verified bracket
-   ``count(<= lo) <= k < count(<= hi)`` a few percent of the row wide.
+   ``count(<= lo) <= k < count(<= hi)`` a few percent of the row wide. A row whose lower guess is already above
+   the target has no verified ``lo`` (there is no pass for the row minimum) and ends by ``torch.kthvalue``.
 2. Each further pass interpolates the counts inside the bracket towards rank ``k + 1/2`` (regula falsi with the
-   Illinois modification; the midpoint when the guess is not strictly inside). A guess that counts exactly ``k``
-   becomes ``lo`` and is the answer (later guesses lie above it).
-3. After the fixed number of passes (``passes``) each row's bracket usually holds a few entries. The block counts
-   them per segment of ``_SEGMENT`` columns (one compare per end and a segment sum, while the block is in cache),
-   so that the finish reads only the segments that hold them: the ``k - count(<= lo)``-th smallest of the entries
-   inside the bracket is picked from those few values. A row whose bracket is still wide (ties over a large part
-   of the row, a constant row, ``-inf`` entries) ends by ``torch.kthvalue``.
+   Illinois modification). A guess that counts exactly ``k`` becomes ``lo`` and is the answer (later guesses lie
+   above it).
+3. After the fixed number of passes (``passes``) each row's bracket usually holds a few entries. The block marks
+   them while it is in cache (one compare with the end that did not move last: the compare buffer holds the other)
+   and counts them per segment of ``_SEGMENT`` columns, so that the finish reads only the segments that hold them:
+   the ``k - count(<= lo)``-th smallest of the entries inside the bracket is picked from those few values. A row
+   whose bracket is still wide (ties over a large part of the row, a constant row, ``-inf`` entries) ends by
+   ``torch.kthvalue``.
 
 No pass reads a value back from the device: a GPU does not stall on the loop. After it, at most four host reads per
 call (how many rows end each way, which rows, which segments, which entries), whatever the number of passes.
@@ -50,6 +52,7 @@ _SPREAD = 2.5  # the first two guesses sit this many standard deviations of the 
 _FINISH_MAX = 4096  # open brackets with at most this many entries end by the small exact pick, wider ones by kthvalue
 _SEGMENT = 64  # columns per segment of the finish's per-segment counts
 _BLOCK_BYTES_CPU = 512 << 10  # a block and the compare's output stay in one core's L2 cache (2 MiB here)
+_UPPER = np.array([[False], [True]])  # selects hi in a stacked (lo, hi) pair
 
 
 def kth_smallest_threshold(
@@ -181,7 +184,7 @@ def _search_block(z, guesses, row_max, bufs, passes, target, xp):
         ]
     )
     f_true = f_ends  # the same without the Illinois halving
-    upper = xp.asarray([[False], [True]]) if on_host else torch.tensor([[False], [True]], device=z.device)
+    upper = _UPPER if on_host else torch.arange(2, device=z.device).unsqueeze(1) == 1
     moved = below2[None] != upper  # which end moved last: (lo, hi)
     with np.errstate(invalid="ignore") if on_host else contextlib.nullcontext():  # the NaN guesses above
         for _ in range(passes - 1):

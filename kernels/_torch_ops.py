@@ -72,8 +72,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         if k > 0:
             kept = kept_mask(zb, thr[r0:r1], out=zb)  # 0/1 in fp32, over z (no longer needed)
             if z.device.type == "cpu":  # a matrix-vector product per row: the CPU's batched one is ~3x slower
-                for i in range(b):
-                    torch.mv(pair[i], kept[i], out=sums_c[r0 + i, :, 0])
+                for pair_row, kept_row, out_row in zip(pair.unbind(), kept.unbind(), sums_c[r0:r1, :, 0].unbind()):
+                    torch.mv(pair_row, kept_row, out=out_row)
             else:
                 torch.bmm(pair, kept.unsqueeze(2), out=sums_c[r0:r1])
     out["s_rest"] = sums[:, 0]
@@ -150,8 +150,8 @@ def _grad_rows(z, vocab_start, targets, coef, p, c, d, db_rows=None):
             if db_rows is None:
                 dk = torch.addcmul(coef["da"].unsqueeze(1), coef["db"].unsqueeze(1), y, out=y)
             else:  # the CPU's addcmul with per-row operands is ~2x slower than one add per row (same rounding: one)
-                for i, slope in enumerate(db_rows):
-                    torch.add(coef["da"][i], y[i], alpha=slope, out=y[i])
+                for intercept, y_row, slope in zip(coef["da"].unbind(), y.unbind(), db_rows):
+                    torch.add(intercept, y_row, alpha=slope, out=y_row)
                 dk = y
             c.addcmul_(dk, kept)
         p.mul_(c)

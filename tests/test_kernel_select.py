@@ -143,7 +143,7 @@ def test_host_read_counter_sees_item_bool_and_nonzero():
 # The clamp's boundary on tied logits, against float64; a planted ">=" must fail
 # ---------------------------------------------------------------------------------------------------------------------
 torch_kernel = functools.partial(chunked_logprob_entropy, backend="torch")
-VOCABS = [64, 2500]  # torch.kthvalue for short rows; the counting search from 2048 entries on
+VOCABS = [64, 2500]  # torch.kthvalue for short rows; the counting search from 1024 entries on
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
