@@ -115,7 +115,8 @@ def grad_tile(
         c = work.view(-1)[numel : numel + block].view(r1 - r0, width)
         d = work.view(-1)[numel + block : numel + 2 * block].view(r1 - r0, width)
         coef_b = {name: t[r0:r1] for name, t in coef.items()}
-        _grad_rows(z[r0:r1], vocab_start, targets[r0:r1], coef_b, p[r0:r1], c, d, db_rows and db_rows[r0:r1])
+        rows_db = None if db_rows is None else db_rows[r0:r1]
+        _grad_rows(z[r0:r1], vocab_start, targets[r0:r1], coef_b, p[r0:r1], c, d, rows_db)
     return p
 
 

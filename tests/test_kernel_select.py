@@ -94,6 +94,32 @@ def test_kernel_by_row_blocks_matches_one_block(monkeypatch):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_backward_clamp_term_per_row_equals_the_batched_one():
+    """On the CPU the backward forms the clamp's ``da + db·y`` by one fused ``add(…, alpha=db)`` per row, a GPU by one
+    ``addcmul`` with per-row operands: both round once, so the gradient tile is bit for bit the same either way."""
+    g = torch.Generator().manual_seed(7)
+    n, width = 5, 700
+    z = torch.randn(n, width, generator=g) * 4
+    targets = torch.randint(0, width, (n,), generator=g)
+    coef = {
+        name: torch.randn(n, generator=g) for name in ("neg_logs", "a0", "b0", "da", "db", "g_lp", "om", "g_h", "ybar")
+    }
+    coef.update(
+        m=z.amax(1), thr=torch.kthvalue(z, 200, dim=1).values, g_cr=torch.randn(n, generator=g), ybar_c=torch.randn(n)
+    )
+    tiles = []
+    for db_rows in (None, coef["db"].tolist()):
+        p, c, d = (torch.empty(n, width) for _ in range(3))
+        tiles.append(_torch_ops._grad_rows(z.clone(), 0, targets, coef, p, c, d, db_rows))
+    assert torch.equal(tiles[0], tiles[1])
+
+
+def test_host_bookkeeping_needs_a_cpu_tensor():
+    z = torch.empty(3, 4096, device="meta")
+    with pytest.raises(ValueError, match="host_bookkeeping=True needs z on the CPU"):
+        kth_smallest_threshold(z, 100, host_bookkeeping=True)
+
+
 _HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "bincount", "unique", "repeat_interleave"}
 
 
