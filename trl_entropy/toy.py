@@ -60,6 +60,7 @@ __all__ = [
     "build_toy_model",
     "build_toy_policy",
     "build_toy_tokenizer",
+    "cpu_path",
     "toy_problems",
     "toy_reward",
     "toy_success_rate",
@@ -405,6 +406,12 @@ def toy_success_rate(
     return sum(rewards) / len(rewards)
 
 
+def cpu_path() -> str:
+    """The ATen CPU capability the process runs its vectorised kernels with (``default``, ``avx2``, ``avx512`` ...;
+    set by ``ATEN_CPU_CAPABILITY``): results that depend on bit-level numerics hold for one path only."""
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
 def build_toy_policy(
     seed: int = 0,
     warm_start_steps: int = TOY_WARM_START_STEPS,
@@ -415,8 +422,11 @@ def build_toy_policy(
     on the ``operators``' training problems (see :func:`warm_start`).
 
     With ``cache_dir``, the result is saved there (``save_pretrained``, in a sub-folder named after the seed, the step
-    count, the operators when they are not the default, and a format version) the first time and loaded with
-    ``from_pretrained`` afterwards, so tests and examples pay for the warm start once. The folder is written to a
+    count, the operators when they are not the default, a format version and the ATen CPU capability) the first time
+    and loaded with ``from_pretrained`` afterwards, so tests and examples pay for the warm start once. The capability
+    is in the name because the warm start's weights depend on the CPU kernels it ran on
+    (``ATEN_CPU_CAPABILITY=default``, ``avx2`` and ``avx512`` give three different policies): a run on another numeric
+    path must warm-start its own policy, not reuse one from another path. The folder is written to a
     temporary name and renamed, so concurrent callers never see a half-written policy. The model is returned in eval
     mode, in float32, on CPU.
     """
@@ -432,7 +442,7 @@ def build_toy_policy(
     cache_dir = Path(cache_dir)
     operators = _check_operators(operators)
     task = "" if operators == TOY_OPERATORS else "_" + "_".join(_OPERATOR_NAMES[op] for op in operators)
-    target = cache_dir / f"toy_policy_v{_CACHE_FORMAT_VERSION}_seed{seed}_steps{warm_start_steps}{task}"
+    target = cache_dir / f"toy_policy_v{_CACHE_FORMAT_VERSION}_seed{seed}_steps{warm_start_steps}{task}_{cpu_path()}"
     if not (target / "config.json").exists():
         model, tokenizer = build_toy_policy(seed, warm_start_steps, cache_dir=None, operators=operators)
         cache_dir.mkdir(parents=True, exist_ok=True)
