@@ -74,6 +74,8 @@ TASK_NAMES = {TASK_A: "addition", TASK_B: "subtraction"}
 # Supervised warm-start steps on both tasks: the policy then solves about a third of either task's held-out problems
 # sampling at temperature 1 (seed 0: 0.34 on both), so GRPO has an advantage signal on each.
 WARM_START_STEPS = 450
+# --full: enough seeds for the intervals over seeds to say which differences to GRPO hold.
+FULL_SEEDS = 5
 
 
 @dataclass
@@ -108,7 +110,10 @@ class DemoArguments:
     )
     full: bool = field(
         default=False,
-        metadata={"help": "The longer run: 3 seeds and pass@k up to k = 32 (about three times the cost)."},
+        metadata={
+            "help": f"The longer run: {FULL_SEEDS} seeds and pass@k up to k = 32 (about five times the cost); the "
+            "claims that compare methods need it."
+        },
     )
     paper_defaults: bool = field(
         default=False,
@@ -133,7 +138,7 @@ class DemoArguments:
 
     def __post_init__(self):
         if self.full:
-            self.num_seeds, self.num_samples = max(self.num_seeds, 3), max(self.num_samples, 32)
+            self.num_seeds, self.num_samples = max(self.num_seeds, FULL_SEEDS), max(self.num_samples, 32)
         if self.phase2_steps is None:
             self.phase2_steps = self.max_steps
         if self.max_steps < 1:
@@ -234,7 +239,7 @@ def run_job(job: Job, report=lambda: None) -> dict:
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from trl_entropy.evaluation import EntropyLawCallback, evaluate_pass_at_k
+    from trl_entropy.evaluation import EntropyLawCallback, count_correct, pass_at_k, pass_at_k_values
     from trl_entropy.toy import toy_reward
 
     torch.set_num_threads(1)  # the toy model is tiny: more threads only add overhead
@@ -259,22 +264,43 @@ def run_job(job: Job, report=lambda: None) -> dict:
     if job.steps > 0:
         trainer.train()
     wall_time, cpu_time = time.perf_counter() - wall_start, time.process_time() - cpu_start
-    pass_at_k = {}
+    correct, pass_at = {}, {}
     for task in (TASK_A, TASK_B):
         held_out = held_out_set(task)
-        values = evaluate_pass_at_k(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
-        pass_at_k[task] = {str(k): value for k, value in values.items()}
+        counts = count_correct(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
+        correct[task] = counts.tolist()
+        pass_at[task] = {
+            str(k): float(pass_at_k(job.num_samples, counts, k).mean()) for k in pass_at_k_values(job.num_samples)
+        }
     if job.phase == 1:
         trainer.save_model(job.policy_path)
         tokenizer.save_pretrained(job.policy_path)
     laws = [entry for entry in trainer.state.log_history if "entropy/law_a" in entry]
+    history = [entry for entry in trainer.state.log_history if "entropy" in entry]
+    write_trainer_state(trainer, job, pass_at)
     return {
-        "history": [entry for entry in trainer.state.log_history if "entropy" in entry],
-        "pass_at_k": pass_at_k,
+        "history": history,
+        "pass_at_k": pass_at,
+        # Correct completions out of num_samples per held-out problem, in held_out_set's order: what the intervals
+        # resample.
+        "correct": correct,
         "law": {key: laws[-1][f"entropy/{key}"] for key in ("law_a", "law_b", "predicted_ceiling")} if laws else None,
         "wall_time_s": wall_time,
         "cpu_time_s": cpu_time,
     }
+
+
+def write_trainer_state(trainer, job: Job, pass_at: dict[str, dict[str, float]]) -> None:
+    """Save the Trainer's state (its log_history) as ``trainer_state.json`` in the job's folder, with the held-out
+    evaluation logged at the last step as ``trl-entropy report`` reads it: ``eval/pass@k`` on the task the job trains
+    on (task A for the start policy), ``eval/<other task>/pass@k`` on the other."""
+    trained = TASK_B if job.phase == 2 else TASK_A
+    entry = {f"eval/pass@{k}": value for k, value in pass_at[trained].items()}
+    for task in (TASK_A, TASK_B):
+        if task != trained:
+            entry |= {f"eval/{TASK_NAMES[task]}/pass@{k}": value for k, value in pass_at[task].items()}
+    trainer.state.log_history.append({**entry, "step": trainer.state.global_step})
+    trainer.state.save_to_json(os.path.join(job.output_dir, "trainer_state.json"))
 
 
 def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
@@ -700,6 +726,7 @@ def versions() -> dict:
     import trl
 
     import trl_entropy
+    from trl_entropy.toy import cpu_path
 
     def git(*arguments: str) -> str | None:
         try:
@@ -721,10 +748,25 @@ def versions() -> dict:
         "trl_entropy": trl_entropy.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "cpu_model": cpu_model(),
+        # The vectorised kernels the runs computed with (ATEN_CPU_CAPABILITY): another path samples other tokens.
+        "aten_cpu_capability": cpu_path(),
         "git_commit": git("rev-parse", "--short", "HEAD"),
         # Uncommitted changes to the code the runs import, when there are any (the numbers may not match the commit).
         "git_uncommitted": changed.splitlines() if changed else [],
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; what the platform module reports elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_seconds() -> float:
@@ -821,6 +863,7 @@ def main(demo: DemoArguments) -> dict[str, dict]:
                 "per_seed": {name: dict(zip(map(str, seeds), runs)) for name, runs in per_seed.items()},
                 "histories": {name: runs[0] for name, runs in phase1_histories.items()},
                 "phase2_histories": {name: runs[0] for name, runs in phase2_histories.items()},
+                "initial_evaluations": {str(seed): result(seed, "start", 0) for seed in seeds},
                 "all_seeds": {
                     str(seed): {
                         name: {phase: result(seed, name, phase) for phase in (1, 2) if result(seed, name, phase)}

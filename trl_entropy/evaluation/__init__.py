@@ -9,6 +9,7 @@ _PUBLIC = {
     "EntropyLawCallback": ".entropy_law",
     "fit_entropy_law": ".entropy_law",
     "PassAtKCallback": ".passk",
+    "count_correct": ".passk",
     "evaluate_pass_at_k": ".passk",
     "pass_at_k": ".passk",
     "pass_at_k_values": ".passk",

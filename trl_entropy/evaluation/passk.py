@@ -2,8 +2,9 @@
 
 * :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al., "Evaluating Large Language Models Trained on
   Code", arXiv:2107.03374: ``1 − C(n − c, k) / C(n, k)`` for ``c`` correct samples out of ``n``.
-* :func:`evaluate_pass_at_k` and :class:`PassAtKCallback`: sample ``n`` completions per held-out prompt with the
-  trainer's own generation path and settings, score them with its reward functions, log ``eval/pass@k``.
+* :func:`count_correct`, :func:`evaluate_pass_at_k` and :class:`PassAtKCallback`: sample ``n`` completions per
+  held-out prompt with the trainer's own generation path and settings, score them with its reward functions: the
+  correct count per prompt, pass@k, or ``eval/pass@k`` logged.
 
 The callback works with ``trl.GRPOTrainer`` and every trainer of this library (it uses only what TRL's trainer has).
 """
@@ -20,7 +21,7 @@ from transformers import Trainer, TrainerCallback
 from .counts import as_count
 
 
-__all__ = ["PassAtKCallback", "evaluate_pass_at_k", "pass_at_k", "pass_at_k_values"]
+__all__ = ["PassAtKCallback", "count_correct", "evaluate_pass_at_k", "pass_at_k", "pass_at_k_values"]
 
 
 def _pass_at_k_exact(n: int, c: int, k: int) -> float:
@@ -100,17 +101,17 @@ def _fork_rng(device: torch.device):
 
 
 @torch.no_grad()
-def evaluate_pass_at_k(
+def count_correct(
     trainer,
     dataset,
     num_samples: int = 16,
     *,
     reward_threshold: float = 1.0,
-    ks: list[int] | None = None,
     prompts_per_batch: int | None = None,
     seed: int | None = None,
-) -> dict[int, float]:
-    """pass@k of ``trainer``'s current policy on ``dataset``: ``{k: mean over prompts of pass_at_k(n, c, k)}``.
+) -> np.ndarray:
+    """How many of ``num_samples`` completions of ``trainer``'s current policy are correct, per row of ``dataset``:
+    an int64 array in the dataset's order (what :func:`evaluate_pass_at_k` averages; keep it to resample problems).
 
     For every row of ``dataset`` (a ``datasets.Dataset`` or a list of dicts with a ``"prompt"`` column and the
     columns the reward functions read) the trainer samples ``num_samples`` completions through its own generation
@@ -118,8 +119,7 @@ def evaluate_pass_at_k(
     ``min_p``, repetition penalty, ``max_completion_length``, ``generation_kwargs``, chat template and backend,
     vLLM included, as training). Each completion is scored with the trainer's reward functions, weighted by its
     ``reward_weights`` as TRL combines them, and counts as correct when that reward is at least
-    ``reward_threshold``; a completion every reward function scores ``None`` counts as wrong. ``ks`` defaults to
-    :func:`pass_at_k_values` of ``num_samples``.
+    ``reward_threshold``; a completion every reward function scores ``None`` counts as wrong.
 
     Prompts are split evenly across processes (every process makes the same number of generation calls, as vLLM's
     server mode needs) and the counts are gathered, so every process returns the same values. Up to
@@ -131,10 +131,8 @@ def evaluate_pass_at_k(
     from trl.data_utils import is_conversational
 
     num_samples = as_count(num_samples, "num_samples")
-    ks = pass_at_k_values(num_samples) if ks is None else [as_count(k, "ks") for k in ks]
-    for k in ks:
-        if not 1 <= k <= num_samples:
-            raise ValueError(f"ks must lie between 1 and num_samples ({num_samples}), got {k}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     rows = list(dataset)
     if not rows:
         raise ValueError("dataset must hold at least one prompt")
@@ -177,6 +175,36 @@ def evaluate_pass_at_k(
         trainer._pending_extra_logs.clear()
         trainer._pending_metrics.clear()
         model.train(was_training)
+    return correct
+
+
+def evaluate_pass_at_k(
+    trainer,
+    dataset,
+    num_samples: int = 16,
+    *,
+    reward_threshold: float = 1.0,
+    ks: list[int] | None = None,
+    prompts_per_batch: int | None = None,
+    seed: int | None = None,
+) -> dict[int, float]:
+    """pass@k of ``trainer``'s current policy on ``dataset``: ``{k: mean over prompts of pass_at_k(n, c, k)}``, the
+    counts ``c`` from :func:`count_correct` (which says how the completions are sampled and scored; the keyword
+    arguments are its own). ``ks`` defaults to :func:`pass_at_k_values` of ``num_samples``.
+    """
+    num_samples = as_count(num_samples, "num_samples")
+    ks = pass_at_k_values(num_samples) if ks is None else [as_count(k, "ks") for k in ks]
+    for k in ks:
+        if not 1 <= k <= num_samples:
+            raise ValueError(f"ks must lie between 1 and num_samples ({num_samples}), got {k}")
+    correct = count_correct(
+        trainer,
+        dataset,
+        num_samples,
+        reward_threshold=reward_threshold,
+        prompts_per_batch=prompts_per_batch,
+        seed=seed,
+    )
     return {k: float(np.mean(pass_at_k(num_samples, correct, k))) for k in ks}
 
 
