@@ -41,6 +41,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 
 ADAPTIVE_METHODS = ("aent", "repo_r", "repo_d", "adapo")
+GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
 COPY_LENGTHS = (2, 5, 3, 4)
@@ -76,6 +77,22 @@ def make_rollout(lengths: tuple[int, ...] = COPY_LENGTHS, eos: bool = True):
 
 
 deterministic_rollout = make_rollout()
+
+
+def ranked_reward(completions: list, answer: list[str], **kwargs) -> list[float]:
+    """The toy reward plus the completion's place in its group of ``GROUP_SIZE`` (0, 0.1, 0.2, ...).
+
+    A group's rewards then differ whatever the policy samples, so every step has non-zero advantages and a loss of
+    its own: tests whose completions are sampled use it for preconditions that must not depend on which tokens a CPU's
+    numerics lead the policy to. Each rank scores a whole number of groups (TRL hands every rank consecutive slices
+    of the generation batch), so the place in the local list is the place in the group.
+    """
+    if len(completions) % GROUP_SIZE:
+        raise ValueError(f"ranked_reward needs whole groups of {GROUP_SIZE}, got {len(completions)} completions")
+    from trl_entropy.toy import toy_reward
+
+    correct = toy_reward(completions, answer)
+    return [value + 0.1 * (index % GROUP_SIZE) for index, value in enumerate(correct)]
 
 
 def controller_value(trainer) -> float | None:
@@ -139,13 +156,14 @@ def make_trainer(
     rollout=deterministic_rollout,
     dataset_size=16,
     trainer_kwargs=None,
+    reward=None,
     **overrides,
 ):
     """A trainer of the registered ``method`` (or ``"trl"``: ``trl.GRPOTrainer``) on the toy task (fp32, CPU, no
     reporting).
 
     ``overrides`` are config fields; ``trainer_kwargs`` go to the trainer (``peft_config``, ...). ``rollout=None``
-    samples completions from the policy as usual.
+    samples completions from the policy as usual; ``reward`` replaces ``toy_reward`` (e.g. :func:`ranked_reward`).
     """
     from trl_entropy.toy import build_toy_dataset, toy_reward
 
@@ -153,7 +171,7 @@ def make_trainer(
     options = dict(
         output_dir=output_dir,
         per_device_train_batch_size=8,
-        num_generations=4,
+        num_generations=GROUP_SIZE,
         max_completion_length=8,
         learning_rate=1e-3,
         max_steps=3,
@@ -169,7 +187,7 @@ def make_trainer(
     args = config_class(**options)
     return trainer_class(
         model=model,
-        reward_funcs=toy_reward,
+        reward_funcs=reward or toy_reward,
         args=args,
         train_dataset=build_toy_dataset(dataset_size, seed=0),
         rollout_func=rollout,

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import make_grpo_batch, naive_log_probs, toy_config
 from cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
-from distributed_run import finish, launch_two_processes, make_trainer
+from distributed_run import finish, launch_two_processes, make_trainer, ranked_reward
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -1041,6 +1041,7 @@ def test_generation_scope_resume_reproduces_the_straight_run(warm_toy_policy_pat
             warm_toy_policy_path,
             str(tmp_path / name),
             rollout=None,
+            reward=ranked_reward,  # advantages at every step, whatever is sampled
             cov_selection_scope="generation_batch",
             max_steps=4,
             save_strategy="steps",

@@ -4,7 +4,8 @@ A run of N steps straight equals the same run resumed from one of its checkpoint
 ``num_iterations = 2`` (a generation cycle is two optimizer steps) and resume from the checkpoint of step 1, in the
 middle of a cycle: the controllers' partial cycle statistics and the buffered generation batch must come back with
 them. The completions are sampled from the policy (no fixed rollout), so the resumed run also has to restore the data
-order and the random state. The controller state travels in ``trainer_state.json`` (``stateful_callbacks``), written
+order and the random state; the rewards rank the completions inside their group, so every step has advantages and a
+loss of its own whichever tokens this CPU's numerics lead the policy to sample. The controller state travels in ``trainer_state.json`` (``stateful_callbacks``), written
 before Trainer pushes a checkpoint to the Hub: a pushed checkpoint carries it and resumes exactly; a checkpoint
 without it is refused.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from distributed_run import ControllerRecorder, finish, launch_two_processes, logged, make_trainer
+from distributed_run import ControllerRecorder, finish, launch_two_processes, logged, make_trainer, ranked_reward
 
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
 from trl_entropy.core.control import EntropyControlState
@@ -45,6 +46,7 @@ def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_devic
         path,
         output_dir,
         rollout=None,  # sampled completions
+        reward=ranked_reward,  # advantages at every step, whatever is sampled
         per_device_train_batch_size=per_device_train_batch_size,
         num_iterations=2,
         max_steps=max_steps,
