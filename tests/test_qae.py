@@ -123,6 +123,53 @@ def test_gate_metrics():
     assert metrics["qae/easy_group_fraction"] == pytest.approx(1 / 4)  # one_failure (partly_unscorable: interpolated)
 
 
+def spec_gate_metrics(groups, k):
+    """QAE's gate on a batch of groups, from the definitions (docs/qae.md, "Metrics"): a completion has advantage 0
+    when it is unscorable or its reward equals its group's baseline Q_K; a group is hard (easy) when its valid rewards
+    differ and the baseline is the lowest (highest) of them. Fractions of all completions and of all groups."""
+    zero = hard = easy = 0
+    for group in groups:
+        valid = [r for r in group if not math.isnan(r)]
+        baseline = spec_quantile(group, k)
+        zero += len(group) - len(valid) + sum(r == baseline for r in valid)
+        differ = len(set(valid)) > 1
+        hard += differ and baseline == min(valid)
+        easy += differ and baseline == max(valid)
+    return {
+        "qae/zero_advantage_fraction": zero / sum(len(group) for group in groups),
+        "qae/hard_group_fraction": hard / len(groups),
+        "qae/easy_group_fraction": easy / len(groups),
+    }
+
+
+# Groups holding unscorable rewards, and the regime each is in at K = 0.4 (None: neither).
+UNSCORABLE_GROUPS = {
+    "equal_scorable_wrong": ([0.0, nan, 0.0, 0.0, nan, 0.0, 0.0, 0.0], None),
+    "equal_scorable_right": ([1.0, 1.0, nan, 1.0, 1.0, 1.0, 1.0, 1.0], None),
+    "one_scorable": ([nan, nan, nan, 1.0, nan, nan, nan, nan], None),
+    "one_unscorable_hard": ([0.0, 0.0, 1.0, 0.0, nan, 0.0, 0.0, 0.0], "hard"),
+    "one_unscorable_easy": ([1.0, 1.0, 0.0, 1.0, nan, 1.0, 1.0, 1.0], "easy"),
+    "one_unscorable_graded": ([0.5, nan, 2.0, 0.5, -3.0, 2.0, 0.5, 0.5], None),  # b = 0.5, strictly inside
+    "unscorable": ([nan] * 8, None),
+}
+# Scorable neighbours in the same batch (one hard, one easy), so that every fraction counts the whole batch.
+NEIGHBOURS = [GROUPS["one_success"], GROUPS["one_failure"]]
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("name", sorted(UNSCORABLE_GROUPS))
+def test_gate_metrics_on_groups_holding_unscorable_rewards(name, k):
+    group, regime = UNSCORABLE_GROUPS[name]
+    assert sum(map(math.isnan, group)) > 0
+    at_04 = spec_gate_metrics([group], 0.4)
+    assert (at_04["qae/hard_group_fraction"], at_04["qae/easy_group_fraction"]) == (regime == "hard", regime == "easy")
+    for groups in ([group], [group, *NEIGHBOURS], [*NEIGHBOURS, group, group]):
+        expected = spec_gate_metrics(groups, k)
+        for dtype in (torch.float32, torch.float64):  # TRL's rewards are float32
+            grouped = torch.tensor(groups, dtype=dtype)
+            assert qae_gate_metrics(grouped, quantile_baseline(grouped, k)) == pytest.approx(expected), (groups, dtype)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------------------------------------------------
@@ -249,7 +296,9 @@ def test_generation_batch_carries_the_formulas_advantages(
     assert trainer.recorded
     if rewards == "binary":  # unscorable completions (every function returned None) are exercised
         assert any(torch.isnan(per_func).all(dim=1).any() for per_func, _ in trainer.recorded)
-    for per_func, advantages in trainer.recorded:
+    logged = [entry for entry in trainer.state.log_history if "qae/zero_advantage_fraction" in entry]
+    assert len(logged) == len(trainer.recorded)  # one generation batch per logged step
+    for (per_func, advantages), entry in zip(trainer.recorded, logged, strict=True):
         summed = [
             nan if all(math.isnan(v) for v in row) else sum(v for v in row if not math.isnan(v))
             for row in per_func.double().tolist()
@@ -258,10 +307,8 @@ def test_generation_batch_carries_the_formulas_advantages(
         torch.testing.assert_close(
             advantages.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-5
         )
-    logged = [entry for entry in trainer.state.log_history if "qae/zero_advantage_fraction" in entry]
-    assert logged and all(
-        0 <= entry[name] <= 1 for entry in logged for name in ("qae/hard_group_fraction", "qae/easy_group_fraction")
-    )
+        gate = spec_gate_metrics([summed[i : i + 4] for i in range(0, len(summed), 4)], k)  # sums of quarters: exact
+        assert {name: entry[name] for name in gate} == pytest.approx(gate)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
