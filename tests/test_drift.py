@@ -1,6 +1,7 @@
 """The guards against TRL drift (trl_entropy/core/drift.py): a later TRL that renames, re-signs or stops calling a
 method the base overrides must fail loudly, naming the TRL version and the method; TRL 1.16 passes both guards."""
 
+import inspect
 from importlib.metadata import version
 
 import pytest
@@ -64,6 +65,34 @@ def test_a_method_whose_parameters_changed_fails_at_construction(name, monkeypat
     monkeypatch.setattr(nearest, name, resigned)
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: {nearest.__name__}\.{name} now takes"):
         check_trl_methods(EntropyGRPOTrainer)
+
+
+# Every (method, parameter) the guard checks, from its own table.
+PARAMETERS = [(name, parameter) for name, expected in sorted(OVERRIDDEN_METHODS.items()) for parameter in expected]
+
+
+@pytest.mark.parametrize("name, parameter", PARAMETERS, ids=[f"{n}-{p}" for n, p in PARAMETERS])
+def test_renaming_any_guarded_parameter_fails_naming_it(name, parameter, monkeypatch):
+    """A TRL whose method renames this one parameter (every other one, later ones included, as installed) fails the
+    guard, which names the method, the parameter, what it became and the TRL version."""
+    nearest = owners(name)[0]
+    signature = inspect.signature(vars(nearest)[name])
+    renamed = [
+        p.replace(name=f"{p.name}_renamed") if p.name == parameter else p for p in signature.parameters.values()
+    ]
+    assert [p.name for p in renamed].count(f"{parameter}_renamed") == 1
+
+    def resigned(self, *args, **kwargs):
+        raise AssertionError("never called")
+
+    resigned.__signature__ = signature.replace(parameters=renamed)
+    monkeypatch.setattr(nearest, name, resigned)
+    with pytest.raises(RuntimeError) as error:
+        check_trl_methods(EntropyGRPOTrainer)
+    message = str(error.value)
+    assert f"trl=={TRL_VERSION}: {nearest.__name__}.{name} now takes" in message
+    position = OVERRIDDEN_METHODS[name].index(parameter) + 1
+    assert f"its parameter {parameter!r} (position {position}) is '{parameter}_renamed'" in message
 
 
 def test_construction_runs_the_method_check(toy_model_path, toy_tokenizer, tmp_path, monkeypatch):

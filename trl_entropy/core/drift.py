@@ -53,11 +53,14 @@ def check_trl_methods(trainer_class: type) -> None:
                 "(see setup.py) or update trl_entropy/core/trainer.py."
             )
         parameters = tuple(inspect.signature(method).parameters)[1:]
-        if parameters[: len(expected)] != expected:
+        position = next((i for i, want in enumerate(expected) if parameters[i : i + 1] != (want,)), None)
+        if position is not None:
+            found = repr(parameters[position]) if position < len(parameters) else "missing"
             raise RuntimeError(
                 f"trl=={_trl_version()}: {owner.__name__}.{name} now takes {parameters}, but trl_entropy overrides it "
-                f"expecting {expected}; training would not apply the entropy control as written. Install a supported "
-                "TRL version (see setup.py) or update trl_entropy/core/trainer.py."
+                f"expecting {expected}: its parameter {expected[position]!r} (position {position + 1}) is {found}; "
+                "training would not apply the entropy control as written. Install a supported TRL version (see "
+                "setup.py) or update trl_entropy/core/trainer.py."
             )
 
 
