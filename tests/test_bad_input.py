@@ -3,6 +3,7 @@
 * an invalid value for every config field (and a check that no field of our configs is left out);
 * a ``loss_type`` or another ``GRPOConfig`` option a method does not support;
 * a model without an output embedding;
+* a train or eval dataset without a ``prompt`` column;
 * completions with every token masked;
 * NaN (``None``) and infinite rewards.
 """
@@ -14,7 +15,9 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+import trl.trainer.grpo_trainer
 from conftest import make_grpo_batch, toy_config
+from datasets import DatasetDict
 from distributed_run import ADAPTIVE_METHODS, ControllerRecorder, make_rollout, make_trainer, rollout_text
 from transformers import LlamaModel
 from trl import GRPOConfig, GRPOTrainer
@@ -209,6 +212,102 @@ def test_model_without_output_embedding_is_rejected(method, kind, toy_tokenizer,
             train_dataset=build_toy_dataset(8),
             processing_class=toy_tokenizer,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A dataset without a prompt column
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def prompt_datasets():
+    """Datasets by kind: the toy task's (standard prompts), the same with its prompts under another name, and both as
+    iterable datasets whose columns are declared, or unknown (after a ``map``, the first example shows them)."""
+    good = build_toy_dataset(8, seed=0)
+    bad = good.rename_column("prompt", "question")
+    conversational = good.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    return {
+        "good": good,
+        "bad": bad,
+        "conversational": conversational,
+        "good_iterable_unknown_columns": good.to_iterable_dataset().map(lambda row: row),
+        "bad_iterable": bad.to_iterable_dataset(),
+        "bad_iterable_unknown_columns": bad.to_iterable_dataset().map(lambda row: row),
+    }
+
+
+# (train dataset, eval dataset: a kind, or {name: kind} for a dict of them, or None; what the error names)
+MISSING_PROMPT = {
+    "train": ("bad", None, "train_dataset"),
+    "train_iterable": ("bad_iterable", None, "train_dataset"),
+    "train_iterable_unknown_columns": ("bad_iterable_unknown_columns", None, "train_dataset"),
+    "eval": ("good", "bad", "eval_dataset"),
+    "eval_iterable": ("good", "bad_iterable", "eval_dataset"),
+    "eval_dict": ("good", {"held_out": "good", "math": "bad"}, "eval_dataset['math']"),
+    "eval_dataset_dict": ("good", DatasetDict, "eval_dataset['test']"),
+}
+WITH_PROMPT = {
+    "standard": ("good", None),
+    "conversational": ("conversational", "conversational"),
+    "iterable_unknown_columns": ("good_iterable_unknown_columns", "good_iterable_unknown_columns"),
+    "eval_dict": ("good", {"held_out": "good", "chat": "conversational"}),
+}
+
+
+def datasets_of(train, evaluation):
+    kinds = prompt_datasets()
+    if evaluation is DatasetDict:
+        return kinds[train], DatasetDict(test=kinds["bad"])
+    if isinstance(evaluation, dict):
+        return kinds[train], {name: kinds[kind] for name, kind in evaluation.items()}
+    return kinds[train], None if evaluation is None else kinds[evaluation]
+
+
+def grpo_trainer(tokenizer, output_dir, train_dataset, eval_dataset=None, **keyword):
+    # An iterable train set has no length: max_steps is required (transformers).
+    args = toy_config(EntropyGRPOConfig, output_dir, per_device_train_batch_size=8, num_generations=4, max_steps=1)
+    return get_method("grpo").trainer_class(
+        model=build_toy_model(tokenizer),
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        **keyword,
+    )
+
+
+@pytest.mark.parametrize("case", sorted(MISSING_PROMPT))
+def test_dataset_without_a_prompt_column_is_rejected_at_construction(case, toy_tokenizer, tmp_path):
+    """TRL itself fails only at the first generation, with a bare ``KeyError: 'prompt'``."""
+    train, evaluation, name = MISSING_PROMPT[case]
+    with pytest.raises(ValueError) as error:
+        grpo_trainer(toy_tokenizer, tmp_path, *datasets_of(train, evaluation))
+    message = str(error.value)
+    assert message.startswith(f"{name} has no 'prompt' column (its columns: ['question', 'answer']).")
+    assert "(standard format)" in message and "(conversational format)" in message
+    assert "rename_column('question', 'prompt')" in message
+
+
+@pytest.mark.parametrize("case", sorted(WITH_PROMPT))
+def test_dataset_with_a_prompt_column_is_accepted(case, toy_tokenizer, tmp_path):
+    train, evaluation = WITH_PROMPT[case]
+    trainer = grpo_trainer(toy_tokenizer, tmp_path, *datasets_of(train, evaluation))
+    first = next(iter(trainer.train_dataset))  # reading the columns of an iterable dataset consumes nothing
+    assert first["prompt"] == next(iter(prompt_datasets()[train]))["prompt"]
+
+
+def test_an_environment_supplies_the_prompts_without_a_prompt_column(toy_tokenizer, tmp_path, monkeypatch):
+    """With ``environment_factory`` TRL takes each prompt from the environment's ``reset()``, so no column is needed.
+    (The toy tokenizer's chat template cannot render tool calls, which TRL checks first.)"""
+
+    class Environment:
+        def reset(self, **kwargs):
+            return "1+1="
+
+    monkeypatch.setattr(trl.trainer.grpo_trainer, "supports_tool_calling", lambda processing_class: True)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = grpo_trainer(toy_tokenizer, tmp_path, prompt_datasets()["bad"], environment_factory=Environment)
+    assert trainer.environment_factories is not None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from .checkpoint import (
 )
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState, trl_entropy_bonus
+from .data import check_prompt_columns
 from .drift import LossPathGuard, check_trl_methods
 from .head import (
     EntropyHeadRequest,
@@ -82,6 +83,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if reason is not None:
             raise ValueError(reason)
         super().__init__(model, reward_funcs, args, *positional, **keyword)
+        if self.environment_factories is None:  # an environment supplies the prompts itself (TRL)
+            check_prompt_columns(self.train_dataset, self.eval_dataset)
         if isinstance(self.processing_class, ProcessorMixin):
             raise NotImplementedError(
                 f"{type(self).__name__} trains text-only causal LMs; vision-language processors "
