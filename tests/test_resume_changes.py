@@ -27,14 +27,24 @@ from trl_entropy.methods.repo import REPOController
 
 
 HERE = Path(__file__).resolve().parent
-TRAINERS = {"aent": "AEntTrainer", "repo_r": "REPOTrainer", "adapo": "ADAPOTrainer", "grpo": "EntropyGRPOTrainer"}
+TRAINERS = {
+    "aent": "AEntTrainer",
+    "repo_r": "REPOTrainer",
+    "adapo": "ADAPOTrainer",
+    "grpo": "EntropyGRPOTrainer",
+    "qae": "QAETrainer",
+    "clip_cov": "ClipCovTrainer",
+    "kl_cov": "KLCovTrainer",
+}
+# The methods whose straight runs (and checkpoints) the tests resume.
+WRITERS = ("aent", "repo_r", "adapo", "grpo", "qae")
 
 
 @pytest.fixture(scope="module")
 def straight_runs(warm_toy_policy_path, tmp_path_factory):
     """``{method: (trainer, controller values, output dir)}``: a straight run of STEPS steps, a checkpoint each."""
     runs = {}
-    for method in ("aent", "repo_r", "adapo", "grpo"):
+    for method in WRITERS:
         output_dir = str(tmp_path_factory.mktemp(f"straight_{method}"))
         trainer, values = train(method, warm_toy_policy_path, output_dir)
         runs[method] = trainer, values, output_dir
@@ -99,20 +109,30 @@ def test_resume_with_the_same_settings_does_not_warn(straight_runs, warm_toy_pol
 # Another method's checkpoint: refused, naming both; entropy_control_fresh_start starts the controllers fresh
 # ---------------------------------------------------------------------------------------------------------------------
 
-CROSS = [("aent", "kl_cov", "KLCovTrainer"), ("repo_r", "clip_cov", "ClipCovTrainer"), ("adapo", "grpo", None)]
-CROSS += [("grpo", "aent", "AEntTrainer")]  # the opposite direction: no controller state to take over
+# (written by, resumed by, whether both have the same controllers): where they are the same (none), only the method
+# that wrote the checkpoint tells it apart.
+CROSS = [
+    ("aent", "kl_cov", False),
+    ("repo_r", "clip_cov", False),
+    ("adapo", "grpo", False),
+    ("grpo", "aent", False),  # the opposite direction: no controller state to take over
+    ("grpo", "clip_cov", True),
+    ("grpo", "kl_cov", True),
+    ("grpo", "qae", True),
+    ("qae", "grpo", True),
+    ("qae", "clip_cov", True),
+]
 
 
-@pytest.mark.parametrize("written_by, method, name", CROSS, ids=[f"{a}->{b}" for a, b, _ in CROSS])
+@pytest.mark.parametrize("written_by, method, same_controllers", CROSS, ids=[f"{a}->{b}" for a, b, _ in CROSS])
 def test_cross_method_resume_is_refused_unless_fresh_start(
-    written_by, method, name, straight_runs, warm_toy_policy_path, tmp_path
+    written_by, method, same_controllers, straight_runs, warm_toy_policy_path, tmp_path
 ):
     straight, _, straight_dir = straight_runs[written_by]
     checkpoint = os.path.join(straight_dir, "checkpoint-2")
-    name = name or TRAINERS[method]
     with pytest.raises(ValueError, match="entropy_control_fresh_start") as error:
         train(method, warm_toy_policy_path, str(tmp_path / "refused"), checkpoint, max_steps=3)
-    assert TRAINERS[written_by] in str(error.value) and name in str(error.value)
+    assert TRAINERS[written_by] in str(error.value) and TRAINERS[method] in str(error.value)
     with pytest.warns(UserWarning, match="starts fresh"):
         resumed, values = train(
             method,
@@ -122,6 +142,7 @@ def test_cross_method_resume_is_refused_unless_fresh_start(
             max_steps=3,
             entropy_control_fresh_start=True,
         )
+    assert (set(saved_snapshot(checkpoint)["controllers"]) == set(resumed.controllers)) == same_controllers
     assert resumed.state.global_step == 3 and len(values) == 1
     # A new cycle started at the resume and step 3 ends none: the controllers still hold the config's initial state.
     initial = {c.name: c.state_dict() for c in resumed.build_controllers()}
