@@ -26,6 +26,7 @@ FILE_TIERS = {
     "test_kernel.py": "pure",
     "test_kernel_triton.py": "pure",
     "test_toy_sweep.py": "pure",
+    "test_upstream_noise.py": "pure",
     "test_loss_types.py": "loss_step",
     "test_bad_input.py": "loss_step",
     "test_base_parity.py": "loss_step",
@@ -56,6 +57,7 @@ LAUNCHES = {
     "test_resume_changes.py": {"test_kill_inside_the_optimizer_write_is_skipped_on_resume"},
     "test_report.py": {"test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra"},
     "test_trainer_api.py": {"test_liger_layer_kernels_keep_the_entropy_head"},
+    "test_upstream_noise.py": {"test_a_short_run_prints_no_upstream_noise_and_our_warning_still_shows"},
 }
 
 

@@ -7,9 +7,11 @@ the toy task) start without importing TRL's trainers; the TRL version is checked
 import importlib
 
 from ._compat import check_trl_version
+from .upstream_noise import hide_known_upstream_noise
 
 
 check_trl_version()
+hide_known_upstream_noise()
 
 # public name -> the module that defines it
 _PUBLIC = {
