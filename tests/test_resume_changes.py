@@ -8,6 +8,7 @@ The runs are :mod:`test_resume`'s (``num_iterations=2``: a cycle is two optimize
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import test_resume
 import transformers
 from distributed_run import checkout_package_path
 from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, train
@@ -153,18 +155,56 @@ def test_cross_method_resume_is_refused_unless_fresh_start(
 # Mid-cycle checkpoint, another layout: the batch is regenerated, with a warning
 # ---------------------------------------------------------------------------------------------------------------------
 
-LAYOUTS = [{"steps_per_generation": 2}, {"gradient_accumulation_steps": 2}, {"per_device_train_batch_size": 8}]
+# Options given on resume -> every layout field that changes, (checkpoint's value, new value). TRL derives
+# steps_per_generation from gradient_accumulation_steps unless it is given. The number of processes:
+# test_two_process_checkpoint_resumed_by_one_process_regenerates.
+LAYOUTS = {
+    "steps_per_generation": ({"steps_per_generation": 2}, {"steps_per_generation": (1, 2)}),
+    "gradient_accumulation_steps": (
+        {"gradient_accumulation_steps": 2},
+        {"gradient_accumulation_steps": (1, 2), "steps_per_generation": (1, 2)},
+    ),
+    "per_device_train_batch_size": ({"per_device_train_batch_size": 8}, {"per_device_train_batch_size": (16, 8)}),
+    "num_iterations": ({"num_iterations": 4}, {"num_iterations": (2, 4)}),
+    "two_fields": (
+        {"per_device_train_batch_size": 8, "num_iterations": 4},
+        {"per_device_train_batch_size": (16, 8), "num_iterations": (2, 4)},
+    ),
+}
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=[next(iter(layout)) for layout in LAYOUTS])
-def test_mid_cycle_resume_with_another_layout_trains_and_warns(layout, straight_runs, warm_toy_policy_path, tmp_path):
+def layout_changes(record) -> set[str]:
+    """The ``name: old → new`` items of the one layout warning in ``record``."""
+    (message,) = [str(w.message) for w in record if "layout changed" in str(w.message)]
+    assert "regenerated" in message, message
+    return set(re.search(r"layout changed \((.*?)\)", message).group(1).split(", "))
+
+
+def train_with(options, monkeypatch, *arguments, **keywords):
+    """:func:`test_resume.train` with ``options`` applied over its fixed ones (``num_iterations`` among them)."""
+    build = test_resume.make_trainer
+    monkeypatch.setattr(test_resume, "make_trainer", lambda *a, **k: build(*a, **{**k, **options}))
+    return train(*arguments, **keywords)
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_mid_cycle_resume_with_another_layout_trains_and_warns(
+    case, straight_runs, warm_toy_policy_path, tmp_path, monkeypatch
+):
+    options, changes = LAYOUTS[case]
     _, straight_values, straight_dir = straight_runs["repo_r"]
     checkpoint = os.path.join(straight_dir, "checkpoint-1")  # inside the first cycle, a buffered batch saved
     assert os.path.exists(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
+    stored = saved_snapshot(checkpoint)["layout"]
+    assert {name: stored[name] for name in changes} == {name: old for name, (old, _) in changes.items()}
     with pytest.warns(UserWarning, match="layout changed") as record:
-        resumed, values = train("repo_r", warm_toy_policy_path, str(tmp_path), checkpoint, max_steps=2, **layout)
-    (name,) = layout
-    assert any(f"{name}:" in str(w.message) and "regenerated" in str(w.message) for w in record)
+        resumed, values = train_with(
+            options, monkeypatch, "repo_r", warm_toy_policy_path, str(tmp_path), checkpoint, 2
+        )
+    listed = {f"{name}: {old} → {new}" for name, (old, new) in changes.items()}
+    assert layout_changes(record) == listed  # every changed field, no other
+    settings = changed_settings_warning(record)  # the config's fields among them, in the settings warning too
+    assert all(item in settings for item in listed), settings
     assert resumed.state.global_step == 2 and values == [straight_values[0]]  # β from the checkpoint, trained on
 
 
