@@ -54,7 +54,10 @@ LAUNCHES = {
     "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
     "test_gpu_runbook.py": "all",
     "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},
-    "test_resume_changes.py": {"test_kill_inside_the_optimizer_write_is_skipped_on_resume"},
+    "test_resume_changes.py": {
+        "test_kill_inside_the_optimizer_write_is_skipped_on_resume",
+        "test_two_process_checkpoint_resumed_by_one_process_regenerates",
+    },
     "test_report.py": {"test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra"},
     "test_trainer_api.py": {"test_liger_layer_kernels_keep_the_entropy_head"},
     "test_upstream_noise.py": {"test_a_short_run_prints_no_upstream_noise_and_our_warning_still_shows"},

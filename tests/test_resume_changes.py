@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import test_resume
 import transformers
-from distributed_run import checkout_package_path
-from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, train
+from distributed_run import checkout_package_path, finish, launch_two_processes
+from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE, SAVING_MARKER
 from trl_entropy.core.control import DEGENERATE_ENTROPY
@@ -206,6 +206,36 @@ def test_mid_cycle_resume_with_another_layout_trains_and_warns(
     settings = changed_settings_warning(record)  # the config's fields among them, in the settings warning too
     assert all(item in settings for item in listed), settings
     assert resumed.state.global_step == 2 and values == [straight_values[0]]  # β from the checkpoint, trained on
+
+
+# One rank of a two-process run of one step: checkpoint-1, inside the first cycle.
+ONE_STEP_RANK_SCRIPT = """
+import sys
+from distributed_run import end_rank_cleanly
+from test_resume import train
+trainer, _ = train("repo_r", sys.argv[1], sys.argv[2], max_steps=1)
+end_rank_cleanly(trainer.accelerator.process_index)
+"""
+
+
+def test_two_process_checkpoint_resumed_by_one_process_regenerates(warm_toy_policy_path, tmp_path):
+    """Each rank buffered its own half of the generation batch: one process cannot take them over, so the batch is
+    regenerated, with the layout warning naming the number of processes."""
+    script = tmp_path / "rank.py"
+    script.write_text(ONE_STEP_RANK_SCRIPT)
+    finish(launch_two_processes(script, [warm_toy_policy_path, str(tmp_path / "two")], tmp_path), tmp_path)
+    checkpoint = str(tmp_path / "two" / "checkpoint-1")
+    snapshot = saved_snapshot(checkpoint)
+    old = snapshot["layout"]
+    assert snapshot["num_processes"] == 2
+    assert snapshot["trl_step"] % (old["steps_per_generation"] * old["num_iterations"]) != 0  # inside a cycle
+    assert all(os.path.exists(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=r))) for r in (0, 1))
+    with pytest.warns(UserWarning, match="layout changed") as record:
+        resumed, values = train("repo_r", warm_toy_policy_path, str(tmp_path / "one"), checkpoint, max_steps=2)
+    assert layout_changes(record) == {"num_processes: 2 → 1"}
+    assert resumed.accelerator.num_processes == 1 and resumed.state.global_step == 2
+    assert 2 in step_values(resumed, "reward")  # step 2 generated (in the two-process cycle it would not have)
+    assert values == [snapshot["controllers"]["repo"]["beta"]]  # the checkpoint's β; the new cycle has not ended
 
 
 # ---------------------------------------------------------------------------------------------------------------------
