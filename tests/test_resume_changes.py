@@ -7,6 +7,7 @@ last complete checkpoint and then equals the straight run.
 The runs are :mod:`test_resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
 """
 
+import logging
 import os
 import re
 import signal
@@ -14,18 +15,27 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import safetensors.torch
 import test_resume
+import torch
 import transformers
 from distributed_run import checkout_package_path, finish, launch_two_processes
 from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
-from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE, SAVING_MARKER
+from trl_entropy.core.checkpoint import (
+    GENERATION_BATCH_FILE,
+    MISSING_KEYS_LOGGER,
+    SAVING_MARKER,
+    TiedWeightsNotReportedMissing,
+)
 from trl_entropy.core.control import DEGENERATE_ENTROPY
 from trl_entropy.methods.adapo import ADAPOController
 from trl_entropy.methods.aent import AEntController
 from trl_entropy.methods.repo import REPOController
+from trl_entropy.toy import build_toy_model
 
 
 HERE = Path(__file__).resolve().parent
@@ -323,6 +333,72 @@ def test_kill_inside_the_optimizer_write_is_skipped_on_resume(straight_runs, war
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     assert open(os.path.join(output_dir, "checkpoint-3", "optimizer.pt"), "rb").read() == b"half an optimizer"
     check_resume_from_the_last_complete(straight_runs, warm_toy_policy_path, output_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A tied LM head: not saved on its own, restored through its tie, and not reported missing on resume
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RecordedLog(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_tied_head_is_restored_through_its_tie_and_not_reported_missing(
+    straight_runs, warm_toy_policy_path, tmp_path, monkeypatch
+):
+    straight, _, straight_dir = straight_runs["repo_r"]
+    checkpoint = os.path.join(straight_dir, "checkpoint-2")
+    stored = safetensors.torch.load_file(os.path.join(checkpoint, "model.safetensors"))
+    assert "lm_head.weight" not in stored  # the tied head is stored once, as the input embedding
+    heads = []
+    load = transformers.Trainer._load_from_checkpoint
+
+    def recording_load(self, *arguments, **keywords):
+        load(self, *arguments, **keywords)
+        heads.append(self.model.get_output_embeddings().weight.detach().clone())
+
+    monkeypatch.setattr(transformers.Trainer, "_load_from_checkpoint", recording_load)
+    log = RecordedLog()
+    logging.getLogger(MISSING_KEYS_LOGGER).addHandler(log)
+    try:
+        resumed, _ = train("repo_r", warm_toy_policy_path, str(tmp_path), checkpoint)
+    finally:
+        logging.getLogger(MISSING_KEYS_LOGGER).removeHandler(log)
+    assert not [message for message in log.messages if "missing keys" in message], log.messages
+    (head,) = heads
+    assert torch.equal(head, stored["model.embed_tokens.weight"])  # the checkpoint's head, through the embedding
+    model = resumed.model
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # still tied after training
+    torch.testing.assert_close(  # and trained as in the straight run
+        model.get_output_embeddings().weight, straight.model.get_output_embeddings().weight, rtol=1e-5, atol=1e-6
+    )
+
+
+REPORT = "There were missing keys in the checkpoint model loaded: {}."
+# (model tied?, message logged by transformers.trainer, whether it still shows)
+MISSING_KEY_REPORTS = [
+    (True, REPORT.format(["lm_head.weight"]), False),
+    (True, REPORT.format(["model.embed_tokens.weight"]), False),  # stored under the head's name instead
+    (True, REPORT.format(["lm_head.weight", "model.embed_tokens.weight"]), True),  # nothing to restore them from
+    (True, REPORT.format(["lm_head.weight", "model.norm.weight"]), True),
+    (True, REPORT.format(["model.norm.weight"]), True),
+    (False, REPORT.format(["lm_head.weight"]), True),  # an untied head really is missing
+    (True, "There were unexpected keys in the checkpoint model loaded: ['lm_head.weight'].", True),
+]
+
+
+@pytest.mark.parametrize("tied, message, shows", MISSING_KEY_REPORTS)
+def test_only_tied_weights_are_left_out_of_the_missing_keys_report(tied, message, shows, toy_tokenizer):
+    model = build_toy_model(toy_tokenizer, tie_word_embeddings=tied)
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    record = logging.LogRecord(MISSING_KEYS_LOGGER, logging.WARNING, __file__, 0, message, None, None)
+    assert TiedWeightsNotReportedMissing(SimpleNamespace(model=model)).filter(record) == shows
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,12 +14,19 @@ The snapshot also records the method that wrote the checkpoint, its configuratio
 layout) and the layout of the generation cycle, so a resume with other settings warns (settings come from the new
 config, learned state from the checkpoint), a resume with another method is refused (unless
 ``entropy_control_fresh_start``), and a buffered generation batch that no longer fits is regenerated.
+
+A model with tied weights (the LM head tied to the input embedding) has the tied tensor saved once, so
+transformers.Trainer would report the other name as a missing key on every resume, though loading the saved one
+restores it through the tie: :func:`tied_weights_not_reported_missing` drops that report when it lists only such keys.
 """
 
+import ast
+import logging
 import math
 import os
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import fields
 
 import torch
@@ -37,6 +44,9 @@ SAVING_MARKER = "trl_entropy_saving"
 TRAINER_STATE = "trainer_state.json"
 # TrainingArguments fields that shape the generation batch; every other field compared is a GRPOConfig (or method) one.
 LAYOUT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+# transformers.Trainer's report, on resume, of the model's keys the checkpoint's weights file lacks.
+MISSING_KEYS_LOGGER = "transformers.trainer"
+MISSING_KEYS_REPORT = re.compile(r"There were missing keys in the checkpoint model loaded: (\[.*\])\.")
 
 
 def checkpoint_folder(output_dir: str, global_step: int) -> str:
@@ -101,6 +111,44 @@ def layout(trainer) -> dict:
         "num_iterations": trainer.num_iterations,
         "num_processes": trainer.accelerator.num_processes,
     }
+
+
+def restored_through_a_tie(model, missing: set[str]) -> set[str]:
+    """The keys of ``missing`` whose parameter is tied to one under a key that is not missing (the LM head tied to the
+    input embedding): loading that key restores them."""
+    names_by_parameter: dict[int, set[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names_by_parameter.setdefault(id(parameter), set()).add(name)
+    return {name for names in names_by_parameter.values() if names - missing for name in names & missing}
+
+
+class TiedWeightsNotReportedMissing(logging.Filter):
+    """Drops transformers.Trainer's "missing keys" report on resume when every key it lists is a tied weight restored
+    through its tie: the weights file holds a tied tensor once, so the other name is always "missing". A report that
+    lists any other key passes, as does every other record."""
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        report = MISSING_KEYS_REPORT.fullmatch(record.getMessage())
+        if report is None:
+            return True
+        missing = set(ast.literal_eval(report.group(1)))
+        return missing != restored_through_a_tie(self.trainer.model, missing)
+
+
+@contextmanager
+def tied_weights_not_reported_missing(trainer):
+    """While this is open, a resume of ``trainer`` does not report its tied weights as missing."""
+    quiet = TiedWeightsNotReportedMissing(trainer)
+    logger = logging.getLogger(MISSING_KEYS_LOGGER)
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def save_entropy_control(trainer, folder: str) -> None:

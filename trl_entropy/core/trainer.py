@@ -34,6 +34,7 @@ from .checkpoint import (
     last_complete_checkpoint,
     restore_entropy_control,
     save_entropy_control,
+    tied_weights_not_reported_missing,
 )
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState, trl_entropy_bonus
@@ -331,7 +332,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, *positional, **keyword):
         if resume_from_checkpoint is True:  # the latest complete checkpoint: interrupted saves are skipped
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-        return super().train(resume_from_checkpoint, *positional, **keyword)
+        with tied_weights_not_reported_missing(self):
+            return super().train(resume_from_checkpoint, *positional, **keyword)
 
     def _save_checkpoint(self, model, trial):
         # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub; the
