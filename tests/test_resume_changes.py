@@ -1,8 +1,9 @@
 """Resume with changes: the config given on resume is the run's configuration and the checkpoint gives the learned
 state (one warning lists every changed setting); another method's checkpoint is refused unless
-``entropy_control_fresh_start``; a mid-cycle checkpoint resumed with another batch layout regenerates its generation
-batch with a warning; a save a kill interrupted is skipped by ``resume_from_checkpoint=True``, which falls back to the
-last complete checkpoint and then equals the straight run.
+``entropy_control_fresh_start``, also between methods with the same controllers; a mid-cycle checkpoint resumed with
+another batch layout (or number of processes) regenerates its generation batch with a warning that lists every changed
+field; a save a kill interrupted is skipped by ``resume_from_checkpoint=True``, which falls back to the last complete
+checkpoint and then equals the straight run; a tied LM head comes back through its tie and is not reported missing.
 
 The runs are :mod:`test_resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
 """
