@@ -12,7 +12,8 @@ TRL_REQUIREMENT = "trl>=1.16.0,<1.17"
 setup(
     name="trl-entropy",
     version="0.1.0",
-    description="Entropy-control trainers (AEnt, Clip-Cov, KL-Cov, REPO, ADAPO) for Hugging Face TRL",
+    # Names no method: the registry (trl_entropy/methods/__init__.py) and the README list them.
+    description="Entropy-control trainers for Hugging Face TRL: drop-in replacements for trl.GRPOTrainer",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",

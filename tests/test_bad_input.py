@@ -166,7 +166,7 @@ UNSUPPORTED += [
 UNSUPPORTED += [("kl_cov", {"delta": 2.0}, "delta")]
 UNSUPPORTED += [
     (name, options, key)
-    for name in ADAPTIVE_METHODS
+    for name in (*ADAPTIVE_METHODS, "qae")  # the methods that refuse TRL's entropy bonus next to their own control
     for options, key in (
         ({"entropy_coef": 0.01}, "entropy_coef"),
         ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),

@@ -1,6 +1,7 @@
-"""Every ```python block of README.md and docs/*.md runs, every `examples/train.py` command in them parses, the example
-YAML configs parse with the right classes, the install instructions match setup.py, links resolve, and the papers are
-cited by title and arXiv id (never by the file names of the project's own copies).
+"""Every ```python block of README.md and docs/*.md runs without a warning, every `examples/train.py` command in them
+parses, the example YAML configs parse with the right classes, the install instructions match setup.py, every list of
+methods a user reads names every registered method, links resolve, and the papers are cited by title and arXiv id
+(never by the file names of the project's own copies).
 
 Snippets run in this process (importing TRL once keeps the whole file fast), each in a fresh namespace with a fresh
 temporary working directory, in file order. The only thing patched is where `build_toy_policy` caches: a snippet that
@@ -9,6 +10,7 @@ deterministic), without paying for the warm start every time.
 """
 
 import ast
+import dataclasses
 import importlib.util
 import re
 import shlex
@@ -22,6 +24,7 @@ import pytest
 import yaml
 
 from trl_entropy.methods import METHODS, get_method
+from trl_entropy.upstream_noise import hide_known_upstream_noise
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,12 +78,18 @@ def test_snippet_runs(path, index, code, toy_policy_cache, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     try:
-        # Run as a script runs: its module is __main__ (pickling a class it defines looks it up there).
+        # Run as a script runs: its module is __main__ (pickling a class it defines looks it up there). Every warning
+        # is recorded but the known upstream noise the library hides: an example that warns (a setting it shows that
+        # has no effect, say) teaches the wrong thing.
         script = types.ModuleType("__main__")
         monkeypatch.setitem(sys.modules, "__main__", script)
-        exec(compile(code, f"{path.name}[{index}]", "exec"), script.__dict__)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hide_known_upstream_noise()
+            exec(compile(code, f"{path.name}[{index}]", "exec"), script.__dict__)
     finally:
         torch.set_num_threads(threads)
+    assert [f"{item.category.__name__}: {item.message}" for item in caught] == []
 
 
 def test_snippets_train_briefly():
@@ -299,3 +308,129 @@ def test_papers_are_cited_by_title_and_arxiv_id_not_seed_file():
     assert SEED_CITATION.search("(Seed 003, §2)") and not SEED_CITATION.search("seed 0 and seed 1")
     found = seed_citations()
     assert not found, "cite the title and arXiv id (docs/references.md) instead of:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every list of methods a user reads names every registered method (the registry is the one source)
+# ---------------------------------------------------------------------------------------------------------------------
+
+BASE_TRAINER = METHODS["grpo"].trainer_class
+TRAINERS = list(dict.fromkeys(method.trainer_class for method in METHODS.values()))  # registry order, once each
+METHOD_TRAINERS = [trainer for trainer in TRAINERS if trainer is not BASE_TRAINER]
+
+
+def read(name: str) -> str:
+    return (ROOT / name).read_text()
+
+
+def passage(text: str, start: str, end: str = "\n\n") -> str:
+    """The text from ``start`` up to the next ``end`` (the end of the paragraph or table by default)."""
+    assert start in text, f"the docs no longer say {start!r}: update this test with them"
+    tail = text[text.index(start) :]
+    return tail[: tail.index(end)] if end in tail else tail
+
+
+def method_page(trainer: type) -> str:
+    """The page docs/README.md's index gives for ``trainer``."""
+    index = dict(re.findall(r"^\s*\* \[(\w+\.md)\]\(\1\):[^\n]*?\(`(\w+)`\)", read("docs/README.md"), re.MULTILINE))
+    pages = [page for page, name in index.items() if name == trainer.__name__]
+    assert pages, f"docs/README.md's index lists no page for {trainer.__name__}"
+    return pages[0]
+
+
+def test_train_py_offers_every_registered_method():
+    train = load_train_module()
+    (method,) = [field for field in dataclasses.fields(train.TrainScriptArguments) if field.name == "method"]
+    assert method.metadata["choices"] == list(METHODS)
+
+
+# Each list of `--method` names, as the words it lists, in the order it lists them.
+METHOD_NAME_LISTS = {
+    "README.md: --method": lambda: re.search(r"`--method\s+([\w|]+)`", read("README.md")).group(1).split("|"),
+    "docs/getting_started.md: --method": lambda: re.findall(
+        r"`(\w+)`", passage(read("docs/getting_started.md"), "`--method` is one of", ". ")
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(METHOD_NAME_LISTS))
+def test_method_name_list_is_the_registry(where):
+    listed = METHOD_NAME_LISTS[where]()
+    assert [name for name in METHODS if name not in listed] == [], f"{where} leaves out these methods"
+    assert listed == list(METHODS), f"{where}: in the registry's order, each once, nothing else"
+
+
+def test_readme_trainer_table_names_every_trainer():
+    table = passage(read("README.md"), "| trainer | method | what it controls |")
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == [trainer.__name__ for trainer in TRAINERS]
+
+
+def test_docs_index_has_a_page_for_every_method():
+    for trainer in METHOD_TRAINERS:
+        assert (ROOT / "docs" / method_page(trainer)).is_file()
+
+
+def test_references_cite_every_method_paper_beside_its_trainer():
+    rows = [line for line in read("docs/references.md").splitlines() if line.startswith("| ") and "arXiv:" in line]
+    for trainer in METHOD_TRAINERS:
+        arxiv_id = trainer._paper["id"]
+        assert any(
+            f"`{trainer.__name__}`" in row and f"[arXiv:{arxiv_id}](https://arxiv.org/abs/{arxiv_id})" in row
+            for row in rows
+        ), f"docs/references.md has no row citing arXiv:{arxiv_id} for {trainer.__name__}"
+        assert f"arXiv:{arxiv_id}" in read("README.md"), f"README.md does not cite {trainer.__name__}'s paper"
+
+
+def test_which_method_table_offers_every_method():
+    table = passage(read("docs/getting_started.md"), "| you want | take | page |")
+    for name, method in METHODS.items():
+        trainer = method.trainer_class
+        offered = f"`--method {name}`" in table or (
+            trainer is not BASE_TRAINER and f"]({method_page(trainer)})" in table
+        )
+        assert offered, f"getting_started.md's 'Which method' table offers neither `--method {name}` nor its page"
+
+
+def test_what_to_watch_table_names_each_method_metric():
+    from test_examples import METHOD_METRIC  # a metric only that method logs
+
+    assert set(METHOD_METRIC) == set(METHODS)
+    table = passage(read("docs/getting_started.md"), "| metric | meaning |")
+    for name, metric in METHOD_METRIC.items():
+        assert f"`{metric}`" in table, f"getting_started.md's metrics table leaves out {metric} ({name})"
+
+
+def test_getting_started_names_every_extra():
+    sentence = passage(read("docs/getting_started.md"), "The extras:", "; the")
+    assert sorted(re.findall(r"`(\w+)` \(", sentence)) == sorted(setup_extras())
+
+
+def test_getting_started_toy_recipe_is_the_toy_defaults():
+    from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
+
+    recipe = passage(read("docs/getting_started.md"), "with the toy recipe (", "TOY_TRAINING_DEFAULTS")
+    recipe = " ".join(recipe.split())
+    found = re.search(
+        r"batches of (\d+) prompts x (\d+) completions from a pool of (\d+) prompts, each batch trained on twice "
+        r"\(`num_iterations=(\d+)`\), learning rate ([\d.e-]+), (\d+) steps",
+        recipe,
+    )
+    assert found, recipe
+    prompts, completions, pool, iterations, learning_rate, steps = found.groups()
+    defaults = TOY_TRAINING_DEFAULTS
+    assert int(completions) == defaults["num_generations"]
+    assert int(prompts) * int(completions) == defaults["per_device_train_batch_size"]
+    assert int(pool) == TOY_NUM_PROMPTS
+    assert int(iterations) == defaults["num_iterations"] == 2  # "twice"
+    assert float(learning_rate) == defaults["learning_rate"]
+    assert int(steps) == defaults["max_steps"]
+
+
+def test_package_summary_names_no_method():
+    """setup.py's description is what `pip show` prints: it names no method, so a new one cannot leave it stale."""
+    tree = ast.parse(read("setup.py"))
+    (description,) = [
+        node.value.value for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg == "description"
+    ]
+    for trainer in METHOD_TRAINERS:
+        assert not re.search(rf"\b{re.escape(trainer._name)}\b", description), trainer._name
