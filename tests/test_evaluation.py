@@ -1,4 +1,5 @@
-"""trl_entropy.evaluation: pass@k (estimator, sampling callback) and the entropy–reward law (fit, callback)."""
+"""trl_entropy.evaluation: pass@k (estimator, sampling callback), the entropy–reward law (fit, callback) and the
+intervals over seeds and held-out problems (bootstrap)."""
 
 import itertools
 import math
@@ -19,6 +20,7 @@ from trl_entropy import (
     pass_at_k,
     pass_at_k_values,
 )
+from trl_entropy.evaluation import bootstrap_difference, bootstrap_mean, count_correct, resampled_means
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -197,6 +199,12 @@ def test_evaluate_pass_at_k_threshold_and_seed(uniform_policy_path, toy_tokenize
     assert torch.equal(torch.get_rng_state(), rng_state)  # the global random state is left alone
     assert evaluate_pass_at_k(trainer, trainer.eval_dataset, 8, seed=3) == first
     assert list(first) == [1, 2, 4, 8] and 0 < first[1] < first[8] < 1
+    # The per-problem counts are the same samples: pass@k of each, averaged, is the evaluation's value.
+    correct = count_correct(trainer, trainer.eval_dataset, 8, seed=3)
+    assert correct.shape == (len(trainer.eval_dataset),) and correct.min() >= 0 and correct.max() <= 8
+    assert {k: float(np.mean([brute_force_pass_at_k(8, int(c), k) for c in correct])) for k in first} == (
+        pytest.approx(first, abs=1e-12)
+    )
     assert evaluate_pass_at_k(trainer, trainer.eval_dataset, 8, seed=3, reward_threshold=1.5) == dict.fromkeys(
         first, 0.0
     )
@@ -205,6 +213,85 @@ def test_evaluate_pass_at_k_threshold_and_seed(uniform_policy_path, toy_tokenize
     trainer.eval_dataset = None
     with pytest.raises(ValueError, match="dataset must be given"):
         PassAtKCallback(trainer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Intervals: the two-level bootstrap over seeds and held-out problems
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def enumerated_bootstrap(table: np.ndarray) -> np.ndarray:
+    """Every equally likely two-level resample's mean, by enumeration: a seed per draw, then a problem per draw
+    within it."""
+    num_seeds, num_problems = table.shape
+    means = []
+    for seeds in itertools.product(range(num_seeds), repeat=num_seeds):
+        for problems in itertools.product(range(num_problems), repeat=num_seeds * num_problems):
+            picks = [
+                table[seed, problems[i * num_problems + j]]
+                for i, seed in enumerate(seeds)
+                for j in range(num_problems)
+            ]
+            means.append(sum(picks) / len(picks))
+    return np.sort(np.asarray(means))
+
+
+def test_bootstrap_equals_the_enumerated_distribution():
+    table = np.array([[0.0, 1.0], [3.0, 7.0]])
+    exact = enumerated_bootstrap(table)  # 2 × 2 seeds drawn, 2 × 2 × 2 problems: 64 atoms
+    sampled = resampled_means(table, 200_000, seed=1)
+    standard_error = exact.std() / math.sqrt(sampled.size)
+    assert abs(sampled.mean() - exact.mean()) < 5 * standard_error
+    assert sampled.var() == pytest.approx(exact.var(), rel=0.02)
+    # The exact 2.5 % and 97.5 % quantiles are atoms whose cumulative probabilities straddle them with room to spare.
+    values, counts = np.unique(exact, return_counts=True)
+    cdf = np.cumsum(counts) / exact.size
+    low, high = (values[np.searchsorted(cdf, q)] for q in (0.025, 0.975))
+    interval = bootstrap_mean(table, num_resamples=200_000, seed=1)
+    assert (interval.mean, interval.low, interval.high, interval.confidence) == (2.75, low, high, 0.95)
+    assert bootstrap_mean(table, num_resamples=200_000, seed=1) == interval  # seeded: deterministic
+
+
+def test_bootstrap_covers_a_known_mean():
+    """Seeds with their own offset (sd 1) and problems with their own noise (sd 1): the 95 % interval covers the true
+    mean about 95 % of the time with 30 seeds (resampling the problems only would cover it far less often)."""
+    generator = np.random.default_rng(0)
+    repeats, covered = 300, 0
+    for repeat in range(repeats):
+        table = 2.0 + generator.normal(size=(30, 1)) + generator.normal(size=(30, 10))
+        interval = bootstrap_mean(table, num_resamples=1000, seed=repeat)
+        covered += interval.low <= 2.0 <= interval.high
+    assert 0.90 <= covered / repeats <= 0.985
+
+
+def test_bootstrap_difference_is_paired():
+    generator = np.random.default_rng(2)
+    baseline = generator.normal(size=(5, 40)) * 10  # large spread common to both methods
+    shifted = baseline + 0.1 + generator.normal(size=(5, 40)) * 0.01
+    difference = bootstrap_difference(shifted, baseline, num_resamples=2000)
+    assert difference.mean == pytest.approx(0.1, abs=0.005) and difference.excludes_zero()
+    assert difference.high - difference.low < 0.01  # unpaired, the spread of 10 would swamp the shift of 0.1
+    assert difference == bootstrap_mean(shifted - baseline, num_resamples=2000)
+    # One value per seed: seeds resampled only. Drawing the lowest seed three times has probability 1/27 > 2.5 %.
+    per_seed = bootstrap_mean([0.2, 0.4, 0.3])
+    assert (per_seed.mean, per_seed.low, per_seed.high) == pytest.approx((0.3, 0.2, 0.4))
+    assert bootstrap_mean([5.0]) == bootstrap_mean([[5.0]])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: bootstrap_mean([]), "values must be a non-empty vector"),
+        (lambda: bootstrap_mean([[[1.0]]]), r"values must be a non-empty vector .* got shape \(1, 1, 1\)"),
+        (lambda: bootstrap_mean([1.0, math.nan]), "values must hold finite numbers only; found 1"),
+        (lambda: bootstrap_mean([1.0], confidence=1.0), "confidence must lie strictly between 0 and 1"),
+        (lambda: resampled_means([1.0], 0), "num_resamples must be a positive integer"),
+        (lambda: bootstrap_difference([1.0, 2.0], [1.0]), r"must have one shape .* got \(2, 1\) and \(1, 1\)"),
+    ],
+)
+def test_bootstrap_rejects_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""What entropy control buys, measured: pass@k on held-out prompts (``passk``) and the entropy–reward law
-(``entropy_law``). The names load on first use, so the law's fit can be used without importing torch."""
+"""What entropy control buys, measured: pass@k on held-out prompts (``passk``), the entropy–reward law
+(``entropy_law``) and intervals over seeds and held-out problems (``bootstrap``). The names load on first use, so
+the law's fit and the intervals can be used without importing torch."""
 
 import importlib
 
 
 _PUBLIC = {
     "EntropyLaw": ".entropy_law",
+    "Interval": ".bootstrap",
+    "bootstrap_difference": ".bootstrap",
+    "bootstrap_mean": ".bootstrap",
+    "resampled_means": ".bootstrap",
     "EntropyLawCallback": ".entropy_law",
     "fit_entropy_law": ".entropy_law",
     "PassAtKCallback": ".passk",
