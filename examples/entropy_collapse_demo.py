@@ -2,7 +2,8 @@
 buys, on the toy task with the same budget and seed.
 
     python examples/entropy_collapse_demo.py --output_dir outputs/demo
-    python examples/entropy_collapse_demo.py --output_dir outputs/demo_full --full   # 3 seeds, pass@k up to 32
+    python examples/entropy_collapse_demo.py --output_dir outputs/demo_full --full   # 5 seeds, pass@k up to 32
+    python examples/entropy_collapse_demo.py --from_history outputs/demo_full/history.json  # the tables again
 
 Every run starts from the same toy policy (trl_entropy.toy), warm-started on two tasks that share its tokenizer:
 task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds about a third of the time.
@@ -18,11 +19,18 @@ task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds
   learning). Every phase-1 policy is trained with plain GRPO on task B for `--phase2_steps` (default: the same
   budget); the table reports its training-reward gain on task B and held-out task-B pass@1 before and after.
 
-Writes `table.md` (both tables), `entropy_collapse.png` (entropy and reward curves of both phases, pass@k against k,
-task-B success before and after phase 2) and `history.json` (every logged value, every run's settings, the torch /
-transformers / trl versions and the git commit) into `--output_dir`, and shows a progress bar. Runs go to
-`--workers` processes (one thread each: the model is tiny). No network; CPU only; about 10 minutes of CPU time, so
-about 5 minutes on two free cores (docs/demo.md has the measurements).
+Writes `table.md` (both tables: means with 95 % intervals and differences to GRPO, from a two-level bootstrap over
+seeds and held-out problems, `trl_entropy.evaluation.bootstrap`; then every number), `entropy_collapse.png` (entropy
+and reward curves of both phases, pass@k against k, task-B success before and after phase 2) and `history.json`
+(every logged value, each held-out problem's correct count, every run's settings, the torch / transformers / trl
+versions, the git commit, the CPU model and the ATen CPU capability) into `--output_dir`, and each run's
+`trainer_state.json` (its log history and held-out pass@k, for `trl-entropy report`) into its own folder
+(`seed<N>/<run>/phase<1|2>`). `--from_history` recomputes the tables and the PNG from a saved history.json.
+
+One seed (the default) shows what happens on one run; its intervals cover the held-out problems only. Whether a
+method differs from GRPO needs `--full` (5 seeds): the numbers move with the CPU's numeric path (docs/demo.md).
+Runs go to `--workers` processes (one thread each: the model is tiny). No network; CPU only; about 3 minutes on two
+idle cores (docs/demo.md has the measurements).
 """
 
 # The matplotlib check comes before the slow imports (torch, transformers, TRL), so the imports after it are late.
@@ -55,8 +63,9 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
 import yaml
 from transformers import PrinterCallback, TrainerCallback
 from trl import TrlParser
@@ -130,6 +139,13 @@ class DemoArguments:
     )
     workers: int = field(
         default=2, metadata={"help": "Runs trained at the same time, each in its own single-threaded process."}
+    )
+    from_history: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train nothing: recompute the tables (with intervals) and the PNG from this saved history.json, "
+            "writing table.md and entropy_collapse.png beside it."
+        },
     )
     worker: bool = field(
         default=False,
@@ -532,6 +548,123 @@ def phase2_columns(num_seeds: int) -> list[tuple[str, object]]:
     return columns
 
 
+# The intervals: (title, measure) per quantity, each shown as its mean [95 % interval] and its difference to GRPO.
+BASELINE = "grpo"
+
+
+def phase1_interval_columns(num_samples: int) -> list[tuple[str, str]]:
+    return [
+        ("H final", "final_entropy"),
+        ("reward last 10%", "final_reward"),
+        ("pass@1", "pass@1"),
+        (f"pass@{num_samples}", f"pass@{num_samples}"),
+    ]
+
+
+PHASE2_INTERVAL_COLUMNS = [
+    ("phase-2 gain", "phase2_gain"),
+    ("B pass@1 after", "b_end"),
+    ("A pass@1 after", "a_after_phase2"),
+]
+# Measured once per run; the others once per held-out problem.
+PER_RUN_MEASURES = frozenset({"final_entropy", "final_reward", "phase2_gain"})
+
+
+def run_measures(phases: dict, num_samples: int, smoothing: int) -> dict:
+    """One seed's run (its phases' results): each per-run measure as a number, each held-out measure as one value per
+    problem (pass@1 is the problem's fraction of correct samples, pass@n whether any is correct)."""
+    from trl_entropy.evaluation import pass_at_k
+
+    summary = summarise(phases["1"], phases.get("2"), smoothing)
+    counts = np.asarray(phases["1"]["correct"][TASK_A])
+    measures = {
+        "final_entropy": summary["final_entropy"],
+        "final_reward": summary["final_reward"],
+        "pass@1": counts / num_samples,
+        f"pass@{num_samples}": pass_at_k(num_samples, counts, num_samples),
+    }
+    if "2" in phases:
+        measures |= {
+            "phase2_gain": summary["phase2_gain"],
+            "b_end": np.asarray(phases["2"]["correct"][TASK_B]) / num_samples,
+            "a_after_phase2": np.asarray(phases["2"]["correct"][TASK_A]) / num_samples,
+        }
+    return measures
+
+
+def interval_summaries(runs: dict[str, list[dict]], num_samples: int, smoothing: int) -> dict[str, dict]:
+    """``{run: {measure: (interval, difference to GRPO)}}`` over the seeds (``runs[name]``: each seed's phases, in
+    the same seed order for every run) and the held-out problems: the two-level bootstrap of
+    trl_entropy.evaluation.bootstrap, paired with GRPO's run of the same seed. With one seed a per-run measure has
+    no interval (``None``); the difference is ``None`` for GRPO itself or when GRPO was not run."""
+    from trl_entropy.evaluation import bootstrap_difference, bootstrap_mean
+
+    tables = {}
+    for name, seeds in runs.items():
+        per_seed = [run_measures(phases, num_samples, smoothing) for phases in seeds]
+        tables[name] = {
+            key: np.stack([np.asarray(measures[key], dtype=np.float64) for measures in per_seed])
+            for key in per_seed[0]
+        }
+    intervals = {}
+    for name, measures in tables.items():
+        intervals[name] = {}
+        for key, table in measures.items():
+            single = key in PER_RUN_MEASURES and table.shape[0] == 1
+            interval = bootstrap_mean(table)
+            difference = None
+            if name != BASELINE and BASELINE in tables:
+                difference = bootstrap_difference(table, tables[BASELINE][key])
+            if single:  # one number: report it, without a spread
+                interval = replace(interval, low=math.nan, high=math.nan)
+                if difference is not None:
+                    difference = replace(difference, low=math.nan, high=math.nan)
+            intervals[name][key] = (interval, difference)
+    return intervals
+
+
+def interval_scope(num_seeds: int) -> str:
+    """What the intervals resample, and which claims need --full."""
+    if num_seeds == 1:
+        return (
+            "one seed: the intervals resample the 80 held-out problems only, not the seed-to-seed spread, and per-run "
+            "numbers (entropy, training reward, phase-2 gain) have none; whether a method differs from GRPO needs "
+            f"--full ({FULL_SEEDS} seeds)"
+        )
+    return (
+        f"two-level bootstrap over the {num_seeds} seeds and, within each, the 80 held-out problems; each difference "
+        "to GRPO paired (the same seeds and problems resampled for both)"
+    )
+
+
+def _interval_text(interval, signed: bool) -> str:
+    if interval is None:
+        return "–"
+    sign = "+" if signed else ""
+    text = f"{interval.mean:{sign}.3f}"
+    if math.isnan(interval.low):
+        return text
+    return text + f" [{interval.low:{sign}.3f}, {interval.high:{sign}.3f}]"
+
+
+def format_interval_table(
+    intervals: dict[str, dict], columns: list[tuple[str, str]], num_seeds: int, suffix: str = ""
+) -> str:
+    """A Markdown table: per quantity, the mean [95 % interval] and the difference to GRPO [95 % interval]."""
+    headers = ["run" + suffix]
+    for title, _ in columns:
+        headers += [title, f"Δ {title} vs {BASELINE}"]
+    rows = []
+    for name, measures in intervals.items():
+        row = [name + suffix]
+        for _, key in columns:
+            interval, difference = measures[key]
+            row += [_interval_text(interval, signed=False), _interval_text(difference, signed=True)]
+        rows.append(row)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def _table(summaries: dict[str, dict], columns: list[tuple[str, object]], suffix: str) -> list[list[str]]:
     """Header and rows; a run is named with ``suffix`` appended (phase 2 of run "grpo" is "grpo→B")."""
     headers = ["run" + suffix] + [title for title, _ in columns]
@@ -832,23 +965,9 @@ def main(demo: DemoArguments) -> dict[str, dict]:
         name: [summarise(result(seed, name, 1), result(seed, name, 2), demo.smoothing) for seed in seeds]
         for name in demo.methods
     }
-    summaries = {name: average(runs) for name, runs in per_seed.items()}
-    initial_pass_at_k = {
-        int(k): _mean([result(seed, "start", 0)["pass_at_k"][TASK_A][k] for seed in seeds])
-        for k in result(seeds[0], "start", 0)["pass_at_k"][TASK_A]
-    }
-    initial_b = _mean([result(seed, "start", 0)["pass_at_k"][TASK_B]["1"] for seed in seeds])
-    phase1_histories = {name: [result(seed, name, 1)["history"] for seed in seeds] for name in demo.methods}
-    phase2_histories = (
-        {name: [result(seed, name, 2)["history"] for seed in seeds] for name in demo.methods}
-        if demo.phase2_steps
-        else {}
-    )
-    columns = phase1_columns(demo.num_samples)
-    tables = [format_markdown_table(summaries, columns)]
-    if demo.phase2_steps:
-        tables.append(format_markdown_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
-    with open(os.path.join(demo.output_dir, "history.json"), "w") as file:
+    initial = {str(seed): result(seed, "start", 0) for seed in seeds}
+    history_path = os.path.join(demo.output_dir, "history.json")
+    with open(history_path, "w") as file:
         json.dump(
             {
                 "arguments": vars(demo),
@@ -858,12 +977,18 @@ def main(demo: DemoArguments) -> dict[str, dict]:
                 "training": TOY_TRAINING_DEFAULTS,
                 "warm_start_steps": WARM_START_STEPS,
                 "runs": {name: {"method": method, "settings": values} for name, (method, values) in settings.items()},
-                "initial_policy": {"pass_at_k_task_a": initial_pass_at_k, "pass_at_1_task_b": initial_b},
-                "summaries": summaries,
+                "initial_policy": {
+                    "pass_at_k_task_a": initial_pass_at_k(initial),
+                    "pass_at_1_task_b": _mean([run["pass_at_k"][TASK_B]["1"] for run in initial.values()]),
+                },
+                "summaries": {name: average(runs) for name, runs in per_seed.items()},
                 "per_seed": {name: dict(zip(map(str, seeds), runs)) for name, runs in per_seed.items()},
-                "histories": {name: runs[0] for name, runs in phase1_histories.items()},
-                "phase2_histories": {name: runs[0] for name, runs in phase2_histories.items()},
-                "initial_evaluations": {str(seed): result(seed, "start", 0) for seed in seeds},
+                "histories": {name: result(seeds[0], name, 1)["history"] for name in demo.methods},
+                "phase2_histories": {
+                    name: result(seeds[0], name, 2)["history"] for name in demo.methods if demo.phase2_steps
+                },
+                # Every job's result, the held-out problems' correct counts included: write_outputs reads only these.
+                "initial_evaluations": initial,
                 "all_seeds": {
                     str(seed): {
                         name: {phase: result(seed, name, phase) for phase in (1, 2) if result(seed, name, phase)}
@@ -875,27 +1000,90 @@ def main(demo: DemoArguments) -> dict[str, dict]:
             file,
             indent=1,
         )
-    with open(os.path.join(demo.output_dir, "table.md"), "w") as file:
-        file.write("\n\n".join(tables) + "\n")
+    return write_outputs(history_path)
+
+
+def initial_pass_at_k(initial: dict[str, dict]) -> dict[int, float]:
+    """The start policy's held-out task-A pass@k, the mean over seeds."""
+    first = next(iter(initial.values()))
+    return {
+        int(k): _mean([run["pass_at_k"][TASK_A][k] for run in initial.values()]) for k in first["pass_at_k"][TASK_A]
+    }
+
+
+def load_history(path: str) -> dict:
+    """A saved history.json, checked to hold what the tables are computed from."""
+    with open(path) as file:
+        history = json.load(file)
+    runs = [
+        run for seed in history.get("all_seeds", {}).values() for phases in seed.values() for run in phases.values()
+    ]
+    if "initial_evaluations" not in history or not runs or any("correct" not in run for run in runs):
+        raise ValueError(
+            f"{path} does not hold each held-out problem's correct count (written by an older demo): run the demo "
+            "again to get the tables with intervals"
+        )
+    return history
+
+
+def write_outputs(history_path: str) -> dict[str, dict]:
+    """Compute the tables from a saved history.json (no training), print them, and write table.md and
+    entropy_collapse.png beside it; returns each run's summary (means over seeds). ``--from_history`` calls this."""
+    history = load_history(history_path)
+    output_dir = os.path.dirname(os.path.abspath(history_path))
+    arguments = history["arguments"]
+    num_samples, smoothing, phase2_steps = arguments["num_samples"], arguments["smoothing"], arguments["phase2_steps"]
+    seeds = list(history["all_seeds"])
+    names = list(history["runs"])
+    runs = {name: [history["all_seeds"][seed][name] for seed in seeds] for name in names}
+    summaries = {
+        name: average([summarise(phases["1"], phases.get("2"), smoothing) for phases in runs[name]]) for name in names
+    }
+    start = initial_pass_at_k(history["initial_evaluations"])
+    start_b = _mean([run["pass_at_k"][TASK_B]["1"] for run in history["initial_evaluations"].values()])
+    intervals = interval_summaries(runs, num_samples, smoothing)
+    interval_text = [
+        format_interval_table(intervals, phase1_interval_columns(num_samples), len(seeds)),
+    ]
+    tables = [format_markdown_table(summaries, phase1_columns(num_samples))]
+    if phase2_steps:
+        interval_text.append(format_interval_table(intervals, PHASE2_INTERVAL_COLUMNS, len(seeds), suffix="→B"))
+        tables.append(format_markdown_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
+    scope = interval_scope(len(seeds))
+    with open(os.path.join(output_dir, "table.md"), "w") as file:
+        file.write(
+            f"Means and 95 % intervals ({scope}):\n\n"
+            + "\n\n".join(interval_text)
+            + "\n\nEvery number, means over seeds:\n\n"
+            + "\n\n".join(tables)
+            + "\n"
+        )
     print()
     print(
-        f"Phase 1, task A (addition); the start policy: pass@1 {initial_pass_at_k[1]:.3f}, "
-        f"pass@{demo.num_samples} {initial_pass_at_k[demo.num_samples]:.3f}"
+        f"Phase 1, task A (addition); the start policy: pass@1 {start[1]:.3f}, "
+        f"pass@{num_samples} {start[num_samples]:.3f}"
     )
-    print(format_table(summaries, columns))
-    if demo.phase2_steps:
-        print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {initial_b:.3f}")
+    print(format_table(summaries, phase1_columns(num_samples)))
+    if phase2_steps:
+        print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {start_b:.3f}")
         print(format_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
-    # The picture last: the tables and history.json are out even if drawing fails.
-    png = os.path.join(demo.output_dir, "entropy_collapse.png")
-    seed_text = f"seed {demo.seed}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
+    print(f"\nMeans and 95 % intervals ({scope}):\n")
+    print("\n\n".join(interval_text))
+    # The picture last: the tables are out even if drawing fails.
+    png = os.path.join(output_dir, "entropy_collapse.png")
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
     title = (
-        f"Toy task, {demo.num_prompts} prompts per task, {demo.max_steps} + {demo.phase2_steps} steps, {seed_text}, "
-        + ("library defaults" if demo.paper_defaults else "settings of examples/configs")
+        f"Toy task, {arguments['num_prompts']} prompts per task, {arguments['max_steps']} + {phase2_steps} steps, "
+        f"{seed_text}, " + ("library defaults" if arguments["paper_defaults"] else "settings of examples/configs")
     )
-    plot(phase1_histories, phase2_histories, summaries, initial_pass_at_k, png, demo.smoothing, title)
+    phase1 = {name: [phases["1"]["history"] for phases in runs[name]] for name in names}
+    phase2 = {name: [phases["2"]["history"] for phases in runs[name]] for name in names} if phase2_steps else {}
+    plot(phase1, phase2, summaries, start, png, smoothing, title)
     print(f"\nCurves: {png}")
-    print(f"Total: {total_time:.0f} s wall, {total_cpu:.0f} s of CPU time over {demo.workers} worker(s)")
+    print(
+        f"Total: {history['total_wall_time_s']:.0f} s wall, {history['total_cpu_time_s']:.0f} s of CPU time over "
+        f"{arguments['workers']} worker(s); numeric path: {history['versions'].get('aten_cpu_capability')}"
+    )
     if any(not math.isfinite(summary["final_entropy"]) for summary in summaries.values()):
         raise RuntimeError("a run ended with a non-finite entropy")
     return summaries
@@ -906,5 +1094,7 @@ if __name__ == "__main__":
     (demo_arguments,) = TrlParser((DemoArguments,)).parse_args_and_config()
     if demo_arguments.worker:
         serve_jobs()
+    elif demo_arguments.from_history:
+        write_outputs(demo_arguments.from_history)
     else:
         main(demo_arguments)
