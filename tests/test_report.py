@@ -482,3 +482,76 @@ def test_report_on_several_runs(trained_runs, tmp_path, capsys):
     assert report.png == trained_runs["grpo"][0].parent / "report.png"
     width, _ = png_size(report.png)
     assert width == 432 * 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The entropy-collapse demo's output folder, built by hand as examples/entropy_collapse_demo.py lays it out
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def demo_evaluation(step: int, offset: float) -> dict:
+    """The held-out evaluation the demo logs at a run's last step: its task's pass@k and the other task's."""
+    entry = {f"eval/pass@{k}": round(offset + 0.1 * k, 3) for k in (1, 2, 4)}
+    return entry | {f"eval/subtraction/pass@{k}": round(offset / 2 + 0.1 * k, 3) for k in (1, 2, 4)} | {"step": step}
+
+
+def write_demo_folder(root: Path, seeds=(0,), names=("grpo", "aent")) -> Path:
+    """history.json (its run order) and, per seed, the start policy's evaluation and each run's two phases."""
+    root.mkdir(parents=True)
+    (root / "history.json").write_text(json.dumps({"runs": {name: {"method": name} for name in names}}))
+    for seed in seeds:
+        write_state(root / f"seed{seed}" / "start", [demo_evaluation(0, 0.3)])
+        (root / f"seed{seed}" / "initial_policy").mkdir()  # weights only: not a run
+        for index, name in enumerate(names):
+            for phase in (1, 2):
+                history = synthetic_history(num_steps=30, seed=index, pass_at_k_every=0, controllers=False)
+                write_state(
+                    root / f"seed{seed}" / name / f"phase{phase}", [*history, demo_evaluation(30, 0.1 * index)]
+                )
+    return root
+
+
+def test_report_reads_the_demo_folder_as_one_seeds_runs(tmp_path, capsys):
+    demo = write_demo_folder(tmp_path / "demo")
+    seed = demo / "seed0"
+    for folder in (demo, seed):
+        assert main(["report", str(folder)]) == 0
+        printed = capsys.readouterr().out
+        assert (
+            f"trl-entropy report: read {seed}: the demo's phase-1 runs (grpo, aent) and the start policy's evaluation "
+            f"(start); for phase 2 (task B) pass {seed / '*' / 'phase2'}\n" in printed
+        )
+        assert all(title in printed.splitlines()[1] for title in (ENTROPY_PANEL, LAW_PANEL, *PASS_PANELS))
+        found = tables((seed / "report.md").read_text())  # written into the seed's folder
+        assert [row["run"] for row in found["Runs"]] == ["seed0/start", "grpo/phase1", "aent/phase1"]
+        passes = {row["run"]: row for row in found["pass@k (held-out)"]}
+        for name, step, offset in (("seed0/start", 0, 0.3), ("grpo/phase1", 30, 0.0), ("aent/phase1", 30, 0.1)):
+            expected = demo_evaluation(step, offset)
+            assert number(passes[name]["step"]) == step
+            assert [number(passes[name][f"pass@{k}"]) for k in (1, 2, 4)] == pytest.approx(
+                [expected[f"eval/pass@{k}"] for k in (1, 2, 4)], abs=5e-4
+            )
+        (seed / "report.md").unlink()
+
+    # One run's folder: its two phases; one phase's folder: that run alone.
+    report = write_report(seed / "grpo")
+    assert [run.name for run in report.runs] == ["phase1", "phase2"] and report.png == seed / "grpo" / "report.png"
+    assert report.notes == [f"{seed / 'grpo'}: the demo run's phases phase1, phase2"]
+    report = write_report(seed / "aent" / "phase2")
+    assert [run.name for run in report.runs] == ["phase2"] and report.notes == []
+    assert all(title in report.panels for title in PASS_PANELS)
+
+
+def test_report_names_the_seed_folders_of_a_demo_with_several(tmp_path, capsys):
+    demo = write_demo_folder(tmp_path / "demo", seeds=(0, 1, 2))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(demo)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert (
+        f"{demo} holds the entropy-collapse demo's runs of 3 seeds; the report overlays one seed's runs: pass one of "
+        f"{demo / 'seed0'}, {demo / 'seed1'}, {demo / 'seed2'} (e.g. trl-entropy report {demo / 'seed0'})" in error
+    )
+    assert not list(demo.rglob("report.md"))
+    assert main(["report", str(demo / "seed2")]) == 0
+    assert (demo / "seed2" / "report.md").is_file()

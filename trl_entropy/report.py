@@ -6,7 +6,13 @@ folder), or into ``--output``::
 
     trl-entropy report outputs/aent-toy
     trl-entropy report outputs/grpo-toy outputs/aent-toy --output outputs/compare
+    trl-entropy report outputs/demo          # the entropy-collapse demo: one seed's runs overlaid
     python -m trl_entropy.report outputs/aent-toy
+
+The entropy-collapse demo (examples/entropy_collapse_demo.py) writes a ``trainer_state.json`` per run
+(``<output_dir>/seed<N>/<run>/phase<1|2>``) with the held-out pass@k as ``eval/pass@k`` at the last step. Its
+folder, or one seed's, reads as that seed's phase-1 runs and the start policy; a folder of several seeds is refused
+with the seed folders to pass; one run's folder (``seed0/grpo``) reads as its two phases.
 
 The picture has one panel per quantity the log holds:
 
@@ -48,9 +54,11 @@ __all__ = [
     "CONTROLLER_PANELS",
     "ENTROPY_TARGETS",
     "ControllerPanel",
+    "DemoFolderError",
     "LawFit",
     "Report",
     "RunLog",
+    "expand_demo_folders",
     "find_trainer_state",
     "fit_law",
     "main",
@@ -137,6 +145,10 @@ class RunLogError(ValueError):
     """A run folder without a readable log history."""
 
 
+class DemoFolderError(RunLogError):
+    """The entropy-collapse demo's output folder holding several seeds: the message names each seed's folder."""
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Reading the logs
 # ---------------------------------------------------------------------------------------------------------------------
@@ -219,6 +231,89 @@ def find_trainer_state(run_dir: str | os.PathLike) -> Path:
         )
     # max() keeps the first of equal keys: the folder's own file is last, so sort it first on a tie.
     return max(reversed(candidates), key=_global_step)
+
+
+SEED_FOLDER = re.compile(r"seed(\d+)")
+PHASE_FOLDER = re.compile(r"phase(\d+)")
+DEMO_START = "start"
+
+
+def _has_trainer_state(path: Path) -> bool:
+    return (path / TRAINER_STATE).is_file() or any(
+        CHECKPOINT.fullmatch(child.name) and (child / TRAINER_STATE).is_file() for child in path.iterdir()
+    )
+
+
+def _phase_folders(path: Path) -> dict[int, Path]:
+    """``{phase: folder}`` of a demo run's folder (``<run>/phase1``, ``<run>/phase2``) that hold a log."""
+    return {
+        int(match.group(1)): child
+        for child in sorted(path.iterdir())
+        if child.is_dir() and (match := PHASE_FOLDER.fullmatch(child.name)) and (child / TRAINER_STATE).is_file()
+    }
+
+
+def _demo_run_order(seed_folder: Path, names: list[str]) -> list[str]:
+    """The runs in the demo's order (its history.json, one folder up), else by name."""
+    try:
+        with open(seed_folder.parent / "history.json") as file:
+            order = list(json.load(file)["runs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return sorted(names)
+    return [name for name in order if name in names] + sorted(set(names) - set(order))
+
+
+def expand_demo_folders(run_dirs) -> tuple[list[Path], list[str]]:
+    """The run folders to read for ``run_dirs``, with a line per expansion: a folder with a log is itself; a folder
+    written by examples/entropy_collapse_demo.py is its runs (each ``trainer_state.json`` holds the run's log and its
+    held-out ``eval/pass@k``):
+
+    * one seed's folder (``outputs/demo/seed0``): that seed's phase-1 runs and the start policy's evaluation;
+    * the demo's folder (``outputs/demo``) holding one seed: that seed's, as above; holding several:
+      DemoFolderError naming each seed's folder to pass;
+    * one run's folder (``outputs/demo/seed0/grpo``): its phases.
+
+    Any other folder is left as it is (read_run then says what it lacks)."""
+    folders, notes = [], []
+    for run_dir in run_dirs:
+        path = Path(run_dir)
+        if not path.is_dir() or _has_trainer_state(path):
+            folders.append(path)
+            continue
+        seeds = sorted(
+            (int(match.group(1)), child)
+            for child in path.iterdir()
+            if child.is_dir() and (match := SEED_FOLDER.fullmatch(child.name))
+        )
+        if len(seeds) > 1:
+            listed = ", ".join(str(folder) for _, folder in seeds)
+            raise DemoFolderError(
+                f"{path} holds the entropy-collapse demo's runs of {len(seeds)} seeds; the report overlays one "
+                f"seed's runs: pass one of {listed} (e.g. trl-entropy report {seeds[0][1]})"
+            )
+        if len(seeds) == 1:
+            path = seeds[0][1]
+        phases = _phase_folders(path)
+        if phases:  # one demo run: its phases
+            folders += list(phases.values())
+            notes.append(f"{path}: the demo run's phases {', '.join(f'phase{phase}' for phase in phases)}")
+            continue
+        runs = {child.name: _phase_folders(child) for child in path.iterdir() if child.is_dir()}
+        names = _demo_run_order(path, [name for name, phases in runs.items() if 1 in phases])
+        if not names:
+            folders.append(path)
+            continue
+        start = path / DEMO_START
+        if (start / TRAINER_STATE).is_file():
+            folders.append(start)
+        folders += [runs[name][1] for name in names]
+        note = f"{path}: the demo's phase-1 runs ({', '.join(names)})"
+        if (start / TRAINER_STATE).is_file():
+            note += " and the start policy's evaluation (start)"
+        if any(2 in runs[name] for name in names):
+            note += f"; for phase 2 (task B) pass {path / '*' / 'phase2'}"
+        notes.append(note)
+    return folders, notes
 
 
 def read_run(run_dir: str | os.PathLike, name: str | None = None) -> RunLog:
@@ -322,12 +417,14 @@ def _why_no_fit(entropies: np.ndarray) -> str:
 @dataclass
 class Report:
     """What :func:`write_report` drew and wrote: the panels' titles in order, one line per panel left out (and per
-    law not fitted) and why, each run's law fit, and the two files."""
+    law not fitted) and why, each run's law fit, one line per demo folder read as its runs
+    (:func:`expand_demo_folders`), and the two files."""
 
     runs: list[RunLog]
     panels: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     laws: dict[str, LawFit] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     png: Path | None = None
     markdown: Path | None = None
 
@@ -352,9 +449,10 @@ def default_output(folders: list[Path]) -> Path:
 
 
 def write_report(run_dirs, output_dir=None, smoothing: int | None = None) -> Report:
-    """Read the runs' logs, draw ``report.png`` and write ``report.md`` into ``output_dir`` (default:
-    :func:`default_output`); returns what was drawn and what was left out. RunLogError for a folder without a log
-    history; ImportError without matplotlib."""
+    """Read the runs' logs (a demo folder: its runs, :func:`expand_demo_folders`), draw ``report.png`` and write
+    ``report.md`` into ``output_dir`` (default: :func:`default_output`); returns what was drawn and what was left
+    out. RunLogError for a folder without a log history (DemoFolderError for a demo folder of several seeds);
+    ImportError without matplotlib."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     if not run_dirs:
@@ -364,6 +462,7 @@ def write_report(run_dirs, output_dir=None, smoothing: int | None = None) -> Rep
     problem = missing_matplotlib()
     if problem:
         raise ImportError(problem)
+    run_dirs, notes = expand_demo_folders(run_dirs)
     runs = [read_run(path) for path in run_dirs]
     sources = [run.source.resolve() for run in runs]
     repeated = sorted({str(source) for source in sources if sources.count(source) > 1})
@@ -373,7 +472,7 @@ def write_report(run_dirs, output_dir=None, smoothing: int | None = None) -> Rep
         run.name = name
     output = Path(output_dir) if output_dir is not None else default_output([run.folder for run in runs])
     output.mkdir(parents=True, exist_ok=True)
-    report = Report(runs=runs, png=output / "report.png", markdown=output / "report.md")
+    report = Report(runs=runs, notes=notes, png=output / "report.png", markdown=output / "report.md")
     for run in runs:
         if run.has(ENTROPY) or run.has(REWARD):
             report.laws[run.name] = fit_law(*run.pairs())
@@ -765,7 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         nargs="+",
         metavar="RUN_DIR",
-        help="a run's output_dir (or a checkpoint folder, or a trainer_state.json); several are overlaid",
+        help="a run's output_dir (or a checkpoint folder, or a trainer_state.json), or the entropy-collapse demo's "
+        "folder or one seed's (its runs); several are overlaid",
     )
     parser.add_argument(
         "--output",
@@ -798,6 +898,8 @@ def main(argv: list[str] | None = None) -> int:
         report = write_report(arguments.runs, arguments.output, arguments.smoothing)
     except RunLogError as error:
         parser.error(str(error))
+    for line in report.notes:
+        print(f"{parser.prog}: read {line}")
     print(f"{parser.prog}: drew {len(report.panels)} panel(s): {'; '.join(report.panels)}")
     for line in report.left_out:
         print(f"{parser.prog}: {line}")
