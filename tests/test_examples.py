@@ -9,6 +9,7 @@ exactly as the script does) and two of them also as a real process, to check wha
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,7 +23,8 @@ from conftest import TOY_CACHE
 
 from trl_entropy import EntropyGRPOConfig
 from trl_entropy.methods import METHODS, get_method
-from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
+from trl_entropy.report import write_report
+from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, cpu_path, toy_training_set
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -417,6 +419,75 @@ def test_demo_produces_table_history_and_png(toy_cache, tmp_path, capsys):
 
     png = (tmp_path / "demo" / "entropy_collapse.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+    # What the numbers came from: the CPU and the numeric path its kernels took.
+    assert history["versions"]["aten_cpu_capability"] == cpu_path() and history["versions"]["cpu_model"]
+    # Each job's held-out evaluation keeps every problem's count; its pass@1 is their mean fraction, and its
+    # trainer_state.json logs the same pass@k for `trl-entropy report`.
+    jobs = [("start", 0, history["initial_evaluations"]["0"])] + [
+        (name, int(phase), run) for name, phases in history["all_seeds"]["0"].items() for phase, run in phases.items()
+    ]
+    assert len(jobs) == 5
+    for name, phase, run in jobs:
+        task = "-" if phase == 2 else "+"
+        assert all(len(counts) == 80 and 0 <= min(counts) and max(counts) <= 16 for counts in run["correct"].values())
+        assert run["pass_at_k"][task]["1"] == pytest.approx(sum(run["correct"][task]) / (80 * 16), abs=1e-12)
+        folder = tmp_path / "demo" / "seed0" / (name if phase == 0 else f"{name}/phase{phase}")
+        state = json.loads((folder / "trainer_state.json").read_text())
+        assert state["global_step"] == (2 if phase else 0)
+        assert {key: value for key, value in state["log_history"][-1].items() if key.startswith("eval/pass@")} == {
+            f"eval/pass@{k}": value for k, value in run["pass_at_k"][task].items()
+        }
+    report = write_report(tmp_path / "demo")
+    assert [run.name for run in report.runs] == ["seed0/start", "grpo/phase1", "aent/phase1"]
+    assert "pass@k against k (last evaluation)" in report.panels
+
+    # The tables say what one seed can show, and come back the same from history.json alone.
+    table = (tmp_path / "demo" / "table.md").read_text()
+    assert table.startswith("Means and 95 % intervals (one seed:") and "needs --full (5 seeds)" in table
+    assert "| Δ pass@16 vs grpo |" in table
+    (tmp_path / "demo" / "table.md").unlink()
+    assert demo.write_outputs(str(tmp_path / "demo" / "history.json")) == summaries
+    assert (tmp_path / "demo" / "table.md").read_text() == table
+
+
+def hand_made_run(entropies: list[float], rewards: list[float], counts_a: list[int], counts_b: list[int]) -> dict:
+    """One seed's phases as the demo's jobs return them: a history, the held-out counts (4 samples each)."""
+    history = [{"entropy": h, "reward": r} for h, r in zip(entropies, rewards)]
+    phase = {"history": history, "law": None, "wall_time_s": 1.0, "cpu_time_s": 1.0}
+    pass_at = {"+": {"1": sum(counts_a) / 4 / len(counts_a)}, "-": {"1": sum(counts_b) / 4 / len(counts_b)}}
+    phase |= {"pass_at_k": pass_at, "correct": {"+": counts_a, "-": counts_b}}
+    return {"1": phase, "2": phase}
+
+
+def test_demo_intervals_are_the_bootstrap_of_each_problem_and_seed():
+    from trl_entropy.evaluation import bootstrap_difference, bootstrap_mean
+
+    demo = load_module(DEMO, "entropy_collapse_demo")
+    counts = {"grpo": [[0, 1, 4], [2, 0, 0]], "repo_r": [[1, 1, 4], [3, 0, 2]]}
+    runs = {
+        name: [
+            hand_made_run([0.5, 0.2 + index / 10], [0.0, 0.5], per_seed, per_seed[::-1])
+            for index, per_seed in enumerate(seeds)
+        ]
+        for name, seeds in counts.items()
+    }
+    intervals = demo.interval_summaries(runs, num_samples=4, smoothing=1)
+    fractions = {name: [[c / 4 for c in per_seed] for per_seed in seeds] for name, seeds in counts.items()}
+    solved = {name: [[float(c > 0) for c in per_seed] for per_seed in seeds] for name, seeds in counts.items()}
+    assert intervals["repo_r"]["pass@1"] == (
+        bootstrap_mean(fractions["repo_r"]),
+        bootstrap_difference(fractions["repo_r"], fractions["grpo"]),
+    )
+    assert intervals["repo_r"]["pass@4"][0] == bootstrap_mean(solved["repo_r"])
+    assert intervals["grpo"]["b_end"] == (bootstrap_mean([per_seed[::-1] for per_seed in fractions["grpo"]]), None)
+    # Per run: the last value of the 1-step moving average, one per seed.
+    interval, expected = intervals["repo_r"]["final_entropy"][0], bootstrap_mean([0.2, 0.3])
+    assert (interval.mean, interval.low, interval.high) == pytest.approx((expected.mean, expected.low, expected.high))
+    single = demo.interval_summaries({name: seeds[:1] for name, seeds in runs.items()}, 4, 1)
+    interval, difference = single["repo_r"]["final_entropy"]
+    assert interval.mean == pytest.approx(0.2) and math.isnan(interval.low) and math.isnan(interval.high)
+    assert difference.mean == pytest.approx(0.0) and math.isnan(difference.low) and math.isnan(difference.high)
 
 
 def test_demo_rejects_bad_runs(tmp_path):
