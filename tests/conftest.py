@@ -64,6 +64,11 @@ LAUNCHES = {
 }
 
 
+def pytest_report_header(config):
+    """The CPU numeric path: the toy policy's warm start, hence every sampled token, depends on it (README)."""
+    return f"ATen CPU capability: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY to change it)"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         file = item.path.name

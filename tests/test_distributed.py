@@ -38,9 +38,10 @@ STEPS = 3
 SHARDED_METHODS = ("aent", "grpo")  # a controller; control off (compared with trl.GRPOTrainer too)
 HEADS = ("tied", "untied")
 # Two ranks sum in another order than one process: the controller statistic, the loss and the weights agree up to
-# rounding. After three Adam steps at lr 1e-3 the weights agree to about 6e-6; an unreduced LM-head gradient (each rank
-# keeping its own half's) moves them by 4e-3.
-WEIGHTS_ATOL = 2e-5
+# rounding, which Adam's normalised first steps carry into the weights. After three Adam steps at lr 1e-3 the largest
+# difference of any comparison here is 7.2e-6 with ATEN_CPU_CAPABILITY=avx512, 3.1e-5 with avx2 and 2.6e-5 with
+# default (one AMD EPYC); an unreduced LM-head gradient (each rank keeping its own half's) moves them by 4e-3.
+WEIGHTS_ATOL = 1e-4
 
 
 def read(folder, method, rank=0):
