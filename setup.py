@@ -18,8 +18,6 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",  # TRL 1.16's own requirement
-    # `kernels/` ships as `trl_entropy.kernels`, never as a top-level `kernels` module: that name belongs to the
-    # Hugging Face `kernels` package, which transformers imports when it is installed.
     packages=[
         "trl_entropy",
         "trl_entropy.core",
@@ -27,7 +25,6 @@ setup(
         "trl_entropy.evaluation",
         "trl_entropy.kernels",
     ],
-    package_dir={"trl_entropy": "trl_entropy", "trl_entropy.kernels": "kernels"},
     # Exactly what the library imports. Lower bounds: TRL 1.16's own (accelerate, datasets); torch 2.8 is the first
     # whose Triton (3.4) has `triton.knobs`, which the Triton backend uses. Triton itself is not declared: CUDA builds
     # of torch bring it, and on a CPU machine the PyTorch backend runs without it.

@@ -471,11 +471,11 @@ def test_lm_head_is_gathered_in_forward_and_in_the_recomputing_backward(as_param
     assert_grads([h.grad, w_param.grad, b_param.grad], [t.grad for t in leaves64], (h, w_param, b_param), rtol=rtol)
 
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "trl_entropy" / "kernels"
 
 
 def test_kernels_import_neither_trl_nor_transformers():
-    """``kernels/`` stands alone: the sharded-parameter gather is the caller's (``gather_parameters``)."""
+    """``trl_entropy/kernels/`` stands alone: the sharded-parameter gather is the caller's (``gather_parameters``)."""
     sources = sorted(KERNELS_DIR.rglob("*.py"))
     assert len(sources) >= 4, sources
     found = []

@@ -2,7 +2,7 @@
 
 * ``test_triton_interpreter_matches_float64`` runs this file as a script in a subprocess with ``TRITON_INTERPRET=1``
   (Triton reads it when the kernels are decorated, so it cannot be switched on inside this pytest process without
-  affecting everything else). The script loads ``kernels/`` standalone, without importing ``trl_entropy``/TRL, and
+  affecting everything else). The script loads ``trl_entropy/kernels/`` standalone, without importing ``trl_entropy``/TRL, and
   checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300), with
   and without TRL's logit map (soft-cap and logit scale), and the clamp's boundary on tied logits (``clamp_boundary``),
   which a copy of the kernels with ``>=`` planted in their kept tests must fail.
@@ -26,7 +26,7 @@ from clamp_boundary import TIE_CASES, check_clamp_on_ties
 from float64_reference import reference
 
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "trl_entropy" / "kernels"
 OUTPUTS = ("log_probs", "entropy", "clamped_entropy")
 REFERENCE_KWARGS = ("temperature", "clamp_fraction", "logit_scale", "final_logit_softcapping")
 
