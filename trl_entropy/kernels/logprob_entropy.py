@@ -24,6 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _torch_ops
+from ._checks import check_chunk_size, check_options, check_target_ids, check_tensors
 
 
 __all__ = [
@@ -41,8 +42,6 @@ CHUNK_BYTES_CUDA = 256 << 20
 # Width of the vocabulary tiles when the weight must be upcast to fp32 for the matmul (bf16/fp16 weights without a
 # matmul that writes fp32): bounds the fp32 copy of the weight tile.
 UPCAST_TILE_BYTES = 32 << 20
-
-_BACKENDS = ("auto", "torch", "triton")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -435,64 +434,19 @@ def chunked_logprob_entropy(
         and ``bias`` whichever of them enter the loss. With ``clamp_fraction == 0`` the clamped entropy equals the
         entropy (same numbers, its gradient is the entropy's).
     """
-    clamp_fraction = float(clamp_fraction)
-    if not 0.0 <= clamp_fraction < 1.0:  # also rejects NaN
-        raise ValueError(f"clamp_fraction must be in [0, 1), got {clamp_fraction}")
-    temperature = float(temperature)
-    if not (temperature > 0.0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    if backend not in _BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {_BACKENDS}")
-    logit_scale = _finite_float(logit_scale, "logit_scale", "a finite number (0 is allowed)")
-    if final_logit_softcapping is not None:
-        final_logit_softcapping = _finite_float(final_logit_softcapping, "final_logit_softcapping", "None or > 0")
-        if final_logit_softcapping <= 0.0:
-            raise ValueError(f"final_logit_softcapping must be None or > 0, got {final_logit_softcapping}")
+    clamp_fraction, temperature, logit_scale, final_logit_softcapping = check_options(
+        clamp_fraction, temperature, backend, logit_scale, final_logit_softcapping, gather_parameters
+    )
     logit_map = LogitMap(logit_scale, final_logit_softcapping, temperature)
-    if gather_parameters is not None and not callable(gather_parameters):
-        raise ValueError(
-            f"gather_parameters must be None or a callable (weight, bias) -> context, got {gather_parameters!r}"
-        )
     with _gather_context(gather_parameters, weight, bias):  # validated and multiplied whole
-        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
-            raise ValueError(f"hidden must be a 2-D tensor (N, d), got shape {tuple(getattr(hidden, 'shape', ()))}")
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"weight must be a 2-D tensor (V, d), got shape {tuple(getattr(weight, 'shape', ()))}")
-        n_tokens, d = hidden.shape
-        vocab = weight.shape[0]
-        if weight.shape[1] != d:
-            raise ValueError(
-                f"weight has hidden size {weight.shape[1]} but hidden has {d}: weight must be (V, d) = (V, {d}), "
-                f"got {tuple(weight.shape)}"
-            )
-        if vocab < 1:
-            raise ValueError("weight must have at least one row (V >= 1)")
-        if not hidden.is_floating_point() or not weight.is_floating_point():
-            raise ValueError(f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}")
-        if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != (n_tokens,):
-            raise ValueError(
-                f"targets must have shape (N,) = ({n_tokens},), got {tuple(getattr(targets, 'shape', ()))}"
-            )
-        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-            raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
-        if bias is not None:
-            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (vocab,):
-                raise ValueError(f"bias must have shape (V,) = ({vocab},), got {tuple(getattr(bias, 'shape', ()))}")
-            if bias.device != hidden.device:
-                raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
-        if weight.device != hidden.device or targets.device != hidden.device:
-            raise ValueError(
-                f"hidden, weight and targets must be on the same device, got {hidden.device}, {weight.device}, "
-                f"{targets.device}"
-            )
+        check_tensors(hidden, weight, targets, bias)
+        n_tokens, vocab = hidden.shape[0], weight.shape[0]
         if chunk_size is None:
             chunk_size = default_chunk_size(n_tokens, vocab, hidden.device)
-        elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
+        else:
+            check_chunk_size(chunk_size)
         targets = targets.long()
-        if n_tokens and bool(((targets < 0) | (targets >= vocab)).any()):
-            bad = targets[(targets < 0) | (targets >= vocab)][0].item()
-            raise ValueError(f"target ids must be in [0, V) = [0, {vocab}), got {bad}")
+        check_target_ids(targets, vocab)
         resolved = _resolve_backend(backend, hidden.device)
         k = int(math.floor(clamp_fraction * vocab))
         return ChunkedLogProbEntropyFunction.apply(
@@ -506,13 +460,3 @@ def chunked_logprob_entropy(
             resolved,
             gather_parameters,
         )
-
-
-def _finite_float(value, name: str, expected: str) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be {expected}, got {value}")
-    return value
