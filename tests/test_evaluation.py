@@ -423,6 +423,9 @@ def test_demo_reports_pass_at_k_the_law_and_phase_2(tmp_path, monkeypatch):
     table = (tmp_path / "table.md").read_text()
     for header in ("held-out success (pass@1)", "pass@4", "ceiling b−a", "run→B", "phase-2 gain", "before"):
         assert header in table
-    assert table.count("| repo_r |") == 1 and table.count("| repo_r→B |") == 1
+    for header in ("Δ pass@4 vs grpo", "Δ phase-2 gain vs grpo", "Δ B pass@1 after vs grpo"):
+        assert header in table
+    # Each run once in the table with intervals and once in the table of every number, per phase.
+    assert table.count("| repo_r |") == 2 and table.count("| repo_r→B |") == 2
     assert any("pass@k" in title for title in titles) and any("phase 2" in title for title in titles)
     assert (tmp_path / "entropy_collapse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

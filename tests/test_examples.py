@@ -415,7 +415,8 @@ def test_demo_produces_table_history_and_png(toy_cache, tmp_path, capsys):
         assert 0.0 <= summary["final_reward"] <= 1.0 and 0.0 <= summary["held_out_success"] <= 1.0
     # Both runs start from the same weights, prompts and seed: their first step is the same batch.
     assert summaries["grpo"]["initial_entropy"] == summaries["aent"]["initial_entropy"]
-    assert (tmp_path / "demo" / "table.md").read_text().startswith("| run |")
+    # table.md: what the intervals cover, then the tables (with intervals first).
+    assert "):\n\n| run | H final | Δ H final vs grpo |" in (tmp_path / "demo" / "table.md").read_text()
 
     png = (tmp_path / "demo" / "entropy_collapse.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -447,7 +448,8 @@ def test_demo_produces_table_history_and_png(toy_cache, tmp_path, capsys):
     assert table.startswith("Means and 95 % intervals (one seed:") and "needs --full (5 seeds)" in table
     assert "| Δ pass@16 vs grpo |" in table
     (tmp_path / "demo" / "table.md").unlink()
-    assert demo.write_outputs(str(tmp_path / "demo" / "history.json")) == summaries
+    again = demo.write_outputs(str(tmp_path / "demo" / "history.json"))
+    assert json.dumps(again, sort_keys=True) == json.dumps(summaries, sort_keys=True)  # NaN laws compare equal
     assert (tmp_path / "demo" / "table.md").read_text() == table
 
 
@@ -499,6 +501,10 @@ def test_demo_rejects_bad_runs(tmp_path):
         demo.run_settings("unfair", demo.DemoArguments(configs_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="max_steps must be at least 1, got 0"):
         demo.DemoArguments(max_steps=0)
+    older = {"all_seeds": {"0": {"grpo": {"1": {"pass_at_k": {}}}}}, "initial_evaluations": {}}
+    (tmp_path / "history.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="does not hold each held-out problem's correct count .* run the demo again"):
+        demo.write_outputs(str(tmp_path / "history.json"))
 
 
 def test_moving_average_against_a_direct_sum():
