@@ -35,7 +35,7 @@ from trl_entropy import (
     REPOConfig,
     REPOTrainer,
 )
-from trl_entropy.report import CONTROLLER_PANELS, main, moving_average, read_run, write_report
+from trl_entropy.report import controller_panels, main, moving_average, read_run, write_report
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTROPY_PANEL, REWARD_PANEL = "Entropy against the step", "Reward against the step"
 LAW_PANEL = "Entropy–reward law R = −a·exp(H) + b"
 PASS_PANELS = ["pass@k against k (last evaluation)", "pass@k against the step"]
-TITLES = {panel.key: panel.title for panel in CONTROLLER_PANELS}
+TITLES = {panel.key: panel.title for panel in controller_panels()}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

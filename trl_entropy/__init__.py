@@ -13,7 +13,7 @@ from .upstream_noise import hide_known_upstream_noise
 check_trl_version()
 hide_known_upstream_noise()
 
-# public name -> the module that defines it
+# public name -> the module that defines it; each method's own names come from its declaration (methods/spec.py)
 _PUBLIC = {
     "CompletionBatch": ".core.batch",
     "EntropyGRPOConfig": ".core.config",
@@ -26,34 +26,30 @@ _PUBLIC = {
     "fit_entropy_law": ".evaluation",
     "pass_at_k": ".evaluation",
     "pass_at_k_values": ".evaluation",
-    "ADAPOConfig": ".methods.adapo",
-    "ADAPOController": ".methods.adapo",
-    "ADAPOTrainer": ".methods.adapo",
-    "AEntConfig": ".methods.aent",
-    "AEntController": ".methods.aent",
-    "AEntTrainer": ".methods.aent",
-    "ClipCovConfig": ".methods.clip_cov",
-    "ClipCovTrainer": ".methods.clip_cov",
-    "KLCovConfig": ".methods.kl_cov",
-    "KLCovTrainer": ".methods.kl_cov",
-    "QAEConfig": ".methods.qae",
-    "QAETrainer": ".methods.qae",
-    "REPOConfig": ".methods.repo",
-    "REPOController": ".methods.repo",
-    "REPOTrainer": ".methods.repo",
 }
 
 __version__ = "0.1.0"
-__all__ = sorted(_PUBLIC)
+
+
+def _method_names() -> dict:
+    """The methods' public names -> their objects, read from the registry (which imports TRL's trainers)."""
+    from .methods import SPECS
+
+    return {name: value for spec in SPECS for name, value in spec.public.items()}
 
 
 def __getattr__(name: str):
-    if name not in _PUBLIC:
+    if name == "__all__":  # `from trl_entropy import *`
+        return sorted(set(_PUBLIC) | set(_method_names()))
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    elif not name.startswith("__") and name in (methods := _method_names()):
+        value = methods[name]
+    else:
         raise AttributeError(f"module 'trl_entropy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_PUBLIC) | set(_method_names()))

@@ -18,7 +18,7 @@ The picture has one panel per quantity the log holds:
 
 * the mean token entropy and the mean reward against the optimizer step: the logged values faint, their trailing
   moving average (``--smoothing`` logged values; by default a tenth of the run's points) solid;
-* each entropy controller the run logged, on its own panel (:data:`CONTROLLER_PANELS`, one row per metric);
+* each entropy controller the run logged, on its own panel (:func:`controller_panels`, from the methods' declarations);
 * the entropy–reward law ``R = −a·exp(H) + b`` (Cui et al., "The Entropy Mechanism of Reinforcement Learning for
   Reasoning Language Models", arXiv:2505.22617, eq. 6), fitted with :func:`trl_entropy.fit_entropy_law` on the log
   entries holding both an entropy and a reward, drawn over their scatter with ``a``, ``b``, the predicted ceiling
@@ -51,9 +51,6 @@ if TYPE_CHECKING:  # the law (and the transformers import behind it) loads only 
 
 
 __all__ = [
-    "CONTROLLER_PANELS",
-    "ENTROPY_TARGETS",
-    "ControllerPanel",
     "DemoFolderError",
     "LawFit",
     "Report",
@@ -66,6 +63,8 @@ __all__ = [
     "moving_average",
     "read_run",
     "write_report",
+    "controller_panels",
+    "entropy_targets",
 ]
 
 PLOT_EXTRA = "plot"
@@ -76,56 +75,21 @@ PASS_AT_K = re.compile(r"eval/pass@(\d+)")
 ENTROPY, REWARD = "entropy", "reward"
 
 
-@dataclass(frozen=True)
-class ControllerPanel:
-    """A controller's logged value (``key``) and the panel it gets. ``smooth``: a measured, noisy fraction (drawn
-    like the entropy: faint, with its moving average); otherwise a controller's state, drawn as logged."""
+def controller_panels() -> tuple:
+    """The panels of the values the methods log, one per metric with a title in a method's declaration
+    (``trl_entropy.methods.spec.Metric``: ``key``, ``title``, ``ylabel``, ``smooth``), in the registry's order."""
+    from trl_entropy.methods import SPECS  # the registry imports TRL's trainers: only once there is a report to draw
 
-    key: str
-    title: str
-    ylabel: str
-    smooth: bool = False
+    return tuple(metric for spec in SPECS for metric in spec.metrics if metric.title)
 
 
-# One row per logged controller value; a method that logs a new one adds a row here.
-CONTROLLER_PANELS: tuple[ControllerPanel, ...] = (
-    ControllerPanel("aent/coef", "AEnt: entropy-bonus coefficient (aent/coef)", "coefficient"),
-    ControllerPanel("repo/beta", "REPO: β (repo/beta)", "β"),
-    ControllerPanel("adapo/epsilon_high", "ADAPO: upper clip ε_high (adapo/epsilon_high)", "ε_high"),
-    ControllerPanel(
-        "clip_cov/detached_fraction",
-        "Clip-Cov: detached fraction (clip_cov/detached_fraction)",
-        "fraction of tokens",
-        smooth=True,
-    ),
-    ControllerPanel(
-        "kl_cov/penalised_fraction",
-        "KL-Cov: selected fraction (kl_cov/penalised_fraction)",
-        "fraction of tokens",
-        smooth=True,
-    ),
-    ControllerPanel(
-        "qae/zero_advantage_fraction",
-        "QAE: completions with zero advantage (qae/zero_advantage_fraction)",
-        "fraction of completions",
-        smooth=True,
-    ),
-    ControllerPanel(
-        "qae/hard_group_fraction",
-        "QAE: hard-regime groups (qae/hard_group_fraction)",
-        "fraction of groups",
-        smooth=True,
-    ),
-    ControllerPanel(
-        "qae/easy_group_fraction",
-        "QAE: easy-regime groups (qae/easy_group_fraction)",
-        "fraction of groups",
-        smooth=True,
-    ),
-    ControllerPanel("entropy_coef", "TRL entropy coefficient (entropy_coef)", "coefficient"),
-)
-# Entropy targets the controllers steer toward: drawn dashed on the entropy panel.
-ENTROPY_TARGETS: dict[str, str] = {"repo/entropy_target": "REPO target", "adapo/entropy_target": "ADAPO target"}
+def entropy_targets() -> dict[str, str]:
+    """The entropy targets the methods log (metric -> label): drawn dashed on the entropy panel."""
+    from trl_entropy.methods import SPECS
+
+    return {metric.key: metric.target_label for spec in SPECS for metric in spec.metrics if metric.target_label}
+
+
 # The keys EntropyLawCallback logs: its last values are quoted next to the report's own fit.
 LOGGED_LAW = ("entropy/law_a", "entropy/law_b", "entropy/predicted_ceiling")
 
@@ -507,12 +471,13 @@ def _draw(report: Report, smoothing: int | None) -> None:
             panels.append((f"{title} against the step", _curve_drawer(runs, colours, key, label, smoothing)))
         else:
             report.left_out.append(f"{key}: left out, {none_logged(repr(key))}")
-    for panel in CONTROLLER_PANELS:
+    controllers = controller_panels()
+    for panel in controllers:
         if any(run.has(panel.key) for run in runs):
             drawer = _curve_drawer(runs, colours, panel.key, panel.ylabel, smoothing, smooth=panel.smooth)
             panels.append((panel.title, drawer))
-    if not any(run.has(panel.key) for run in runs for panel in CONTROLLER_PANELS):
-        keys = ", ".join(panel.key for panel in CONTROLLER_PANELS)
+    if not any(run.has(panel.key) for run in runs for panel in controllers):
+        keys = ", ".join(panel.key for panel in controllers)
         report.left_out.append(f"controllers: left out, {none_logged('any of ' + keys)}")
     if any(run.pairs()[0].size for run in runs):
         panels.append(("Entropy–reward law R = −a·exp(H) + b", lambda axis: _draw_law(axis, report, colours)))
@@ -531,8 +496,8 @@ def _draw(report: Report, smoothing: int | None) -> None:
         report.left_out.append(f"pass@k: left out, {none_logged('eval/pass@k')} (trl_entropy.PassAtKCallback logs it)")
     if several:
         for panel_title, _ in panels:
-            if panel_title in {p.title for p in CONTROLLER_PANELS}:
-                key = next(p.key for p in CONTROLLER_PANELS if p.title == panel_title)
+            if panel_title in {p.title for p in controllers}:
+                key = next(p.key for p in controllers if p.title == panel_title)
                 missing = [run.name for run in runs if not run.has(key)]
                 if missing:
                     report.left_out.append(f"{key}: not logged by {', '.join(missing)}")
@@ -595,7 +560,7 @@ def _curve_drawer(runs, colours, key, ylabel, smoothing, smooth=True):
             else:
                 axis.plot(steps, values, color=colour, linewidth=1.8, marker=marker)
             if key == ENTROPY:
-                for target_key, target_label in ENTROPY_TARGETS.items():
+                for target_key, target_label in entropy_targets().items():
                     target_steps, targets = run.series(target_key)
                     if targets.size:
                         axis.plot(target_steps, targets, color=colour, linestyle="--", linewidth=1.2)
@@ -811,7 +776,7 @@ def _markdown(report: Report, smoothing: int | None) -> str:
     )
 
     controller_rows = []
-    for panel in CONTROLLER_PANELS:
+    for panel in controller_panels():
         for run in report.runs:
             values = run.series(panel.key)[1]
             if values.size:

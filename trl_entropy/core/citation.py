@@ -1,15 +1,45 @@
 """What a pushed model's card says about how it was trained: each trainer names its method and cites its paper next to
 GRPO's (TRL writes the card from the trainer's ``_name``, ``_paper`` and ``_tag_names``)."""
 
+from dataclasses import dataclass
+
 from trl import GRPOTrainer
 
+from .trainer import EntropyGRPOTrainer
 
-def method_paper(key: str, title: str, arxiv_id: str, year: int, authors: str | None = None) -> dict[str, str]:
+
+@dataclass(frozen=True)
+class Paper:
+    """A method's paper: its BibTeX key, title, arXiv id, year and (where known) authors."""
+
+    bibtex_key: str
+    title: str
+    arxiv_id: str
+    year: int
+    authors: str | None = None
+
+    @property
+    def bibtex(self) -> str:
+        author = f"    author        = {{{self.authors}}},\n" if self.authors else ""
+        return (
+            f"@misc{{{self.bibtex_key},\n    title         = {{{{{self.title}}}}},\n{author}"
+            f"    year          = {self.year},\n    eprint        = {{{self.arxiv_id}}},\n"
+            "    archivePrefix = {arXiv},\n}"
+        )
+
+
+def method_paper(paper: Paper) -> dict[str, str]:
     """TRL's ``_paper`` for a method: its title and arXiv id, and a citation block holding its BibTeX entry followed
     by GRPO's (DeepSeekMath, which the method builds on)."""
-    author = f"    author        = {{{authors}}},\n" if authors else ""
-    entry = (
-        f"@misc{{{key},\n    title         = {{{{{title}}}}},\n{author}    year          = {year},\n"
-        f"    eprint        = {{{arxiv_id}}},\n    archivePrefix = {{arXiv}},\n}}"
-    )
-    return {"title": title, "id": arxiv_id, "citation": f"{entry}\n\n{GRPOTrainer._paper['citation']}"}
+    return {
+        "title": paper.title,
+        "id": paper.arxiv_id,
+        "citation": f"{paper.bibtex}\n\n{GRPOTrainer._paper['citation']}",
+    }
+
+
+def sign_model_card(trainer_class: type, name: str, paper: Paper, tag: str) -> None:
+    """Make ``trainer_class``'s model card say "trained with ``name``", cite ``paper`` and carry the tag ``tag``."""
+    trainer_class._name = name
+    trainer_class._paper = method_paper(paper)
+    trainer_class._tag_names = [*EntropyGRPOTrainer._tag_names, tag]

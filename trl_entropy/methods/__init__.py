@@ -1,53 +1,52 @@
 """The methods, one file each, and their registry: what `--method` names in `examples/train.py` and the demo.
 
 Each method file reads top to bottom: its math as pure functions, its controller, its config, its trainer (a small
-class that fills the hooks of `trl_entropy.core.trainer.EntropyGRPOTrainer`). docs/adding_a_method.md says how to add
-one.
+class that fills the hooks of `trl_entropy.core.trainer.EntropyGRPOTrainer`), and last its declaration, a
+`MethodSpec` (`methods/spec.py`). The registry below is built from the declarations, one import line per method;
+docs/adding_a_method.md says how to add one.
 """
 
-from dataclasses import dataclass, field
-
+from ..core.citation import sign_model_card
 from ..core.config import EntropyGRPOConfig
 from ..core.trainer import EntropyGRPOTrainer
-from .adapo import ADAPOConfig, ADAPOTrainer
-from .aent import AEntConfig, AEntTrainer
-from .clip_cov import ClipCovConfig, ClipCovTrainer
-from .kl_cov import KLCovConfig, KLCovTrainer
-from .qae import QAEConfig, QAETrainer
-from .repo import REPOConfig, REPOTrainer
+from .adapo import SPEC as _adapo
+from .aent import SPEC as _aent
+from .clip_cov import SPEC as _clip_cov
+from .kl_cov import SPEC as _kl_cov
+from .qae import SPEC as _qae
+from .repo import SPEC as _repo
+from .spec import MethodSpec, Metric, Neutral, Place, Variant
 
 
-__all__ = ["METHODS", "Method", "get_method"]
+# The base trainer's own settings, declared like a method so that --method, the report and the tests list them with
+# the rest. EntReg is TRL's entropy bonus on the base; 1e-3 is a common coefficient for it (ours: the bonus has no
+# paper default). With the same entropy_coef, trl.GRPOTrainer computes the same loss.
+GRPO = MethodSpec(
+    key="grpo",
+    config_class=EntropyGRPOConfig,
+    trainer_class=EntropyGRPOTrainer,
+    variants={
+        "grpo": Variant("GRPO, no entropy control"),
+        "entreg": Variant("TRL's entropy bonus (entropy_coef)", {"entropy_coef": 1e-3}),
+    },
+    acts_on=(Place.REGULARISER,),
+    metrics=(Metric("entropy_coef", "TRL entropy coefficient (entropy_coef)", "coefficient"),),
+)
 
 
-@dataclass(frozen=True)
-class Method:
-    """A trainer, its config, and the config defaults that make the method what it is."""
+__all__ = ["GRPO", "METHODS", "SPECS", "MethodSpec", "Metric", "Neutral", "Place", "Variant", "get_method"]
 
-    description: str
-    config_class: type
-    trainer_class: type
-    defaults: dict = field(default_factory=dict)
+# Every declaration, in the order --method, the report and the docs list them.
+SPECS: tuple[MethodSpec, ...] = (GRPO, _aent, _clip_cov, _kl_cov, _repo, _adapo, _qae)
+# Every name --method accepts -> its entry (a method with variants has one entry per variant).
+METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
 
-
-# EntReg is TRL's own entropy bonus on the base; 1e-3 is a common coefficient for it (ours: the bonus has no paper
-# default). REPO-R and REPO-D are one trainer with two variants.
-METHODS: dict[str, Method] = {
-    "grpo": Method("GRPO, no entropy control", EntropyGRPOConfig, EntropyGRPOTrainer),
-    "entreg": Method(
-        "TRL's entropy bonus (entropy_coef)", EntropyGRPOConfig, EntropyGRPOTrainer, {"entropy_coef": 1e-3}
-    ),
-    "aent": Method("AEnt: clamped-entropy bonus, adaptive coefficient", AEntConfig, AEntTrainer),
-    "clip_cov": Method("Clip-Cov: detach high-covariance tokens", ClipCovConfig, ClipCovTrainer),
-    "kl_cov": Method("KL-Cov: KL penalty on high-covariance tokens", KLCovConfig, KLCovTrainer),
-    "repo_r": Method("REPO-R: rescaled per-token advantages", REPOConfig, REPOTrainer, {"repo_variant": "R"}),
-    "repo_d": Method("REPO-D: decorrelated per-token advantages", REPOConfig, REPOTrainer, {"repo_variant": "D"}),
-    "adapo": Method("ADAPO: DAPO with an adaptive epsilon_high", ADAPOConfig, ADAPOTrainer),
-    "qae": Method("QAE: the K-quantile of the group's rewards as the baseline", QAEConfig, QAETrainer),
-}
+for _spec in SPECS:
+    if _spec.paper is not None:
+        sign_model_card(_spec.trainer_class, _spec.name, _spec.paper, _spec.tag)
 
 
-def get_method(name: str) -> Method:
+def get_method(name: str) -> MethodSpec:
     """The registered method called ``name``; a ValueError lists the valid names otherwise."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")

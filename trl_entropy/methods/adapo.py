@@ -14,7 +14,7 @@ gradient_accumulation_steps``); on-policy its config warns.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..core.citation import method_paper
+from ..core.citation import Paper
 from ..core.config import (
     EntropyGRPOConfig,
     is_finite_number,
@@ -25,6 +25,7 @@ from ..core.config import (
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.trainer import EntropyGRPOTrainer
+from .spec import MethodSpec, Metric, Neutral, Place
 
 
 def adapo_controller_step(
@@ -163,11 +164,6 @@ class ADAPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = ADAPOConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "adapo"]
-    _name = "ADAPO"  # the model card: "trained with ADAPO", citing its paper next to GRPO's
-    _paper = method_paper(
-        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
-    )
 
     def build_controllers(self) -> list[Controller]:
         args = self.args
@@ -183,3 +179,24 @@ class ADAPOTrainer(EntropyGRPOTrainer):
 
     def clip_range(self) -> tuple[float, float]:
         return self.epsilon_low, self.controllers["adapo"].value
+
+
+SPEC = MethodSpec(
+    key="adapo",
+    config_class=ADAPOConfig,
+    trainer_class=ADAPOTrainer,
+    description="ADAPO: DAPO with an adaptive epsilon_high",
+    acts_on=(Place.CLIP_RANGE,),
+    metrics=(
+        Metric("adapo/epsilon_high", "ADAPO: upper clip ε_high (adapo/epsilon_high)", "ε_high"),
+        Metric("adapo/entropy_target", target_label="ADAPO target"),
+    ),
+    # The first step, before the controller moves ε_high, is DAPO's clip-higher.
+    neutral=Neutral(trl={"epsilon_high": 0.28}),
+    name="ADAPO",
+    paper=Paper(
+        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+    ),
+    tag="adapo",
+    exports=(ADAPOController,),
+)

@@ -20,11 +20,12 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import method_paper
+from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, is_finite_number, is_integer, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.statistics import masked_mean
 from ..core.trainer import EntropyGRPOTrainer
+from .spec import MethodSpec, Metric, Neutral, Place
 
 
 __all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]
@@ -224,9 +225,6 @@ class AEntTrainer(EntropyGRPOTrainer):
     kernel in the same forward pass as the log-probs. Logs `aent/coef`, `entropy/clamped` and `entropy`."""
 
     config_class: ClassVar[type] = AEntConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
-    _name = "AEnt"  # the model card: "trained with AEnt", citing its paper next to GRPO's
-    _paper = method_paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025)
 
     @property
     def aent_coef(self) -> float:
@@ -245,3 +243,21 @@ class AEntTrainer(EntropyGRPOTrainer):
         entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
         mask = batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
         return -self.aent_coef * masked_mean(entropy, mask)
+
+
+SPEC = MethodSpec(
+    key="aent",
+    config_class=AEntConfig,
+    trainer_class=AEntTrainer,
+    description="AEnt: clamped-entropy bonus, adaptive coefficient",
+    acts_on=(Place.REGULARISER,),
+    metrics=(
+        Metric("aent/coef", "AEnt: entropy-bonus coefficient (aent/coef)", "coefficient"),
+        Metric("entropy/clamped"),
+    ),
+    neutral=Neutral(ours={"aent_coef_init": 0.0, "aent_adaptive": False}),
+    name="AEnt",
+    paper=Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025),
+    tag="aent",
+    exports=(AEntController,),
+)

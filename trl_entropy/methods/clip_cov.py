@@ -19,7 +19,8 @@ from ..core.checkpoint import load_rank_file, rank_file
 from ..core.config import validate_fraction
 from ..core.objectives import surrogate_flat
 from ..core.statistics import token_covariance
-from .cov_selection import PAPER, PAPER_CARD, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .spec import MethodSpec, Metric, Neutral, Place
 
 
 CLIP_COV_GENERATOR_FILE = "clip_cov_generator_{process_index}.pt"
@@ -138,9 +139,6 @@ class ClipCovTrainer(CovSelectionTrainer):
     """
 
     config_class = ClipCovConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "clip-cov"]
-    _name = "Clip-Cov"  # the model card: "trained with Clip-Cov", citing its paper next to GRPO's
-    _paper = PAPER_CARD
 
     def __init__(self, *positional, **keyword):
         super().__init__(*positional, **keyword)
@@ -195,3 +193,24 @@ class ClipCovTrainer(CovSelectionTrainer):
             )
             return
         self._clip_cov_generators["train"].set_state(state)
+
+
+SPEC = MethodSpec(
+    key="clip_cov",
+    config_class=ClipCovConfig,
+    trainer_class=ClipCovTrainer,
+    description="Clip-Cov: detach high-covariance tokens",
+    acts_on=(Place.GATES,),
+    metrics=(
+        Metric(
+            "clip_cov/detached_fraction",
+            "Clip-Cov: detached fraction (clip_cov/detached_fraction)",
+            "fraction of tokens",
+            smooth=True,
+        ),
+    ),
+    neutral=Neutral(ours={"clip_cov_lb": 1e8, "clip_cov_ub": 1e9}),  # no candidate token: nothing detached
+    name="Clip-Cov",
+    paper=COV_PAPER,
+    tag="clip-cov",
+)

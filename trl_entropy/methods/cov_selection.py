@@ -23,7 +23,7 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..core.batch import CompletionBatch
-from ..core.citation import method_paper
+from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig
 from ..core.statistics import covariance_moments, pooled_covariance
 from ..core.trainer import EntropyGRPOTrainer
@@ -33,8 +33,8 @@ COV_SELECTION_SCOPES = ("micro_batch", "generation_batch")
 # The generation batch's per-token selection mask, (B, T) bool, under cov_selection_scope="generation_batch".
 COV_SELECTION_KEY = "cov_selection"
 PAPER = "Cui et al., arXiv:2505.22617"
-# The model card's citation of both methods' paper (next to GRPO's).
-PAPER_CARD = method_paper(
+# Both methods' paper, which their model cards cite (next to GRPO's).
+COV_PAPER = Paper(
     "cui2025entropy",
     "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
     "2505.22617",

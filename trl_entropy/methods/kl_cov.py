@@ -16,7 +16,8 @@ from ..core.batch import CompletionBatch
 from ..core.config import is_finite_number, validate_fraction, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.statistics import token_covariance
-from .cov_selection import PAPER, PAPER_CARD, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
+from .spec import MethodSpec, Metric, Neutral, Place
 
 
 def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -91,9 +92,6 @@ class KLCovTrainer(CovSelectionTrainer):
     tokens. Warns once, at construction, when training is fully on-policy (the penalty is then identically 0)."""
 
     config_class = KLCovConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "kl-cov"]
-    _name = "KL-Cov"  # the model card: "trained with KL-Cov", citing its paper next to GRPO's
-    _paper = PAPER_CARD
 
     def __init__(self, *positional, **keyword):
         super().__init__(*positional, **keyword)
@@ -127,3 +125,27 @@ class KLCovTrainer(CovSelectionTrainer):
         self.log_token_mean(batch, "kl_cov/penalised_fraction", selected.float())
         self.log_token_mean(batch, "kl_cov/abs_log_ratio", penalty)
         return per_token_loss
+
+
+SPEC = MethodSpec(
+    key="kl_cov",
+    config_class=KLCovConfig,
+    trainer_class=KLCovTrainer,
+    description="KL-Cov: KL penalty on high-covariance tokens",
+    acts_on=(Place.SURROGATE, Place.KL),
+    metrics=(
+        Metric(
+            "kl_cov/penalised_fraction",
+            "KL-Cov: selected fraction (kl_cov/penalised_fraction)",
+            "fraction of tokens",
+            smooth=True,
+        ),
+        Metric("kl_cov/abs_log_ratio"),
+    ),
+    # With the penalty off, KL-Cov is the paper's unclipped −A·r where the loss type has the PPO clip (TRL with a clip
+    # that never binds), and the loss type's own surrogate otherwise.
+    neutral=Neutral(ours={"kl_cov_coef": 0.0}, trl_with_ppo_clip={"epsilon": 1e3, "epsilon_high": 1e3}),
+    name="KL-Cov",
+    paper=COV_PAPER,
+    tag="kl-cov",
+)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.citation import method_paper
+from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus
 from ..core.trainer import EntropyGRPOTrainer
+from .spec import MethodSpec, Metric, Place
 
 
 def quantile_baseline(grouped_rewards: torch.Tensor, k: float) -> torch.Tensor:
@@ -110,15 +111,6 @@ class QAETrainer(EntropyGRPOTrainer):
     """
 
     config_class = QAEConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "qae"]
-    _name = "QAE"  # the model card: "trained with QAE", citing its paper next to GRPO's
-    _paper = method_paper(
-        "wu2025qae",
-        "Quantile Advantage Estimation for Entropy-Safe Reasoning",
-        "2509.22611",
-        2025,
-        "Junkang Wu and Kexin Huang and Jiancan Wu and An Zhang and Xiang Wang and Xiangnan He",
-    )
 
     def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor:
         baseline = quantile_baseline(grouped_rewards, self.args.qae_quantile_k)
@@ -127,3 +119,43 @@ class QAETrainer(EntropyGRPOTrainer):
         for name, value in qae_gate_metrics(grouped_rewards, baseline).items():
             self._metrics[mode][name].append(value)
         return baseline
+
+
+SPEC = MethodSpec(
+    key="qae",
+    config_class=QAEConfig,
+    trainer_class=QAETrainer,
+    description="QAE: the K-quantile of the group's rewards as the baseline",
+    acts_on=(Place.GROUP_BASELINE,),
+    metrics=(
+        Metric(
+            "qae/zero_advantage_fraction",
+            "QAE: completions with zero advantage (qae/zero_advantage_fraction)",
+            "fraction of completions",
+            smooth=True,
+        ),
+        Metric(
+            "qae/hard_group_fraction",
+            "QAE: hard-regime groups (qae/hard_group_fraction)",
+            "fraction of groups",
+            smooth=True,
+        ),
+        Metric(
+            "qae/easy_group_fraction",
+            "QAE: easy-regime groups (qae/easy_group_fraction)",
+            "fraction of groups",
+            smooth=True,
+        ),
+    ),
+    # The loss step is the base's: QAE changes only the generation batch's advantages.
+    needs_all_ranks_rewards=True,
+    name="QAE",
+    paper=Paper(
+        "wu2025qae",
+        "Quantile Advantage Estimation for Entropy-Safe Reasoning",
+        "2509.22611",
+        2025,
+        "Junkang Wu and Kexin Huang and Jiancan Wu and An Zhang and Xiang Wang and Xiangnan He",
+    ),
+    tag="qae",
+)

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import method_paper
+from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus, validate_entropy_target
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.trainer import EntropyGRPOTrainer
+from .spec import MethodSpec, Metric, Neutral, Place, Variant
 
 
 REPO_VARIANTS = ("R", "D")
@@ -226,11 +227,6 @@ class REPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = REPOConfig
-    _tag_names = ["trl", "grpo", "trl-entropy", "repo"]
-    _name = "REPO"  # the model card: "trained with REPO", citing its paper next to GRPO's
-    _paper = method_paper(
-        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
-    )
 
     def build_controllers(self) -> list[Controller]:
         args = self.args
@@ -247,3 +243,26 @@ class REPOTrainer(EntropyGRPOTrainer):
             args.repo_centering,
             args.repo_keep_advantage_sign,
         )
+
+
+SPEC = MethodSpec(
+    key="repo",
+    config_class=REPOConfig,
+    trainer_class=REPOTrainer,
+    variants={
+        "repo_r": Variant("REPO-R: rescaled per-token advantages", {"repo_variant": "R"}),
+        "repo_d": Variant("REPO-D: decorrelated per-token advantages", {"repo_variant": "D"}),
+    },
+    acts_on=(Place.ADVANTAGES,),
+    metrics=(
+        Metric("repo/beta", "REPO: β (repo/beta)", "β"),
+        Metric("repo/entropy_target", target_label="REPO target"),
+    ),
+    neutral=Neutral(ours={"repo_beta": 0.0}),
+    name="REPO",
+    paper=Paper(
+        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+    ),
+    tag="repo",
+    exports=(REPOController,),
+)

@@ -1,0 +1,203 @@
+"""A method lives in its home: no code file outside it names the method's registry names or its classes.
+
+A method's home is
+* its module, ``trl_entropy/methods/<module>.py``;
+* its tests: ``tests/test_<module>.py``, and for a method built on a shared module of ``methods/`` (Clip-Cov and
+  KL-Cov on ``cov_selection.py``) that shared module's tests (``SHARED_TESTS``);
+* its YAML: every file of ``examples/configs/`` whose ``method:`` is one of its names;
+* the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
+
+A code file is any tracked file but the docs (``*.md``) and binaries. The names are the method's registry names
+(``--method``; its key too where that is one) and its public classes (config, trainer, exports), matched as whole
+words. The base's own settings (``GRPO`` in the registry: grpo, entreg) have no module and are not checked.
+
+``NOT_YET_HOME`` lists what still names a method outside its home; the test fails when a file is added there and when
+one is cleaned (the list only shrinks).
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_entropy.methods import GRPO, SPECS
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TESTS = {"cov_selection": ("tests/test_cov.py", "tests/cov_scope_run.py")}
+BINARY = {".png", ".pt", ".whl", ".safetensors", ".bin"}
+NOT_YET_HOME: dict[str, list[str]] = {
+    "benchmarks/step_bench.py": [
+        "ADAPOConfig",
+        "ADAPOTrainer",
+        "AEntConfig",
+        "AEntTrainer",
+        "ClipCovConfig",
+        "ClipCovTrainer",
+        "KLCovConfig",
+        "KLCovTrainer",
+        "REPOConfig",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+    ],
+    "examples/accelerate/single_gpu.yaml": ["aent"],
+    "examples/configs/clip_low.yaml": ["adapo"],
+    "examples/toy_sweep.py": ["aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
+    "examples/train.py": ["aent", "repo_r"],
+    "tests/distributed_run.py": ["adapo", "aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
+    "tests/test_accumulation.py": ["adapo", "aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
+    "tests/test_bad_input.py": [
+        "ADAPOConfig",
+        "AEntConfig",
+        "ClipCovConfig",
+        "KLCovConfig",
+        "QAEConfig",
+        "REPOConfig",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+        "qae",
+    ],
+    "tests/test_distributed.py": ["aent", "qae"],
+    "tests/test_docs.py": ["aent"],
+    "tests/test_evaluation.py": ["AEntConfig", "AEntTrainer", "aent", "repo_r"],
+    "tests/test_examples.py": ["adapo", "aent", "clip_cov", "kl_cov", "qae", "repo_d", "repo_r"],
+    "tests/test_gpu_runbook.py": ["adapo", "aent", "clip_cov", "kl_cov"],
+    "tests/test_lora.py": ["aent"],
+    "tests/test_loss_types.py": ["adapo", "aent", "clip_cov", "kl_cov", "qae", "repo_d", "repo_r"],
+    "tests/test_model_families.py": ["AEntConfig", "AEntTrainer", "aent"],
+    "tests/test_report.py": [
+        "ADAPOConfig",
+        "ADAPOTrainer",
+        "AEntConfig",
+        "AEntTrainer",
+        "ClipCovConfig",
+        "ClipCovTrainer",
+        "KLCovConfig",
+        "KLCovTrainer",
+        "REPOConfig",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+    ],
+    "tests/test_resume.py": ["ClipCovTrainer", "adapo", "aent", "clip_cov", "repo_d", "repo_r"],
+    "tests/test_resume_changes.py": [
+        "ADAPOController",
+        "ADAPOTrainer",
+        "AEntController",
+        "AEntTrainer",
+        "ClipCovTrainer",
+        "KLCovTrainer",
+        "QAETrainer",
+        "REPOController",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+        "qae",
+        "repo_r",
+    ],
+    "tests/test_toy_sweep.py": ["clip_cov"],
+    "tests/test_trainer_api.py": [
+        "ADAPOTrainer",
+        "AEntConfig",
+        "AEntTrainer",
+        "ClipCovTrainer",
+        "KLCovTrainer",
+        "QAETrainer",
+        "REPOConfig",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "qae",
+        "repo_r",
+    ],
+    "tests/test_vllm.py": ["aent"],
+    "trl_entropy/core/config.py": ["AEntConfig", "ClipCovConfig"],
+    "trl_entropy/methods/cov_selection.py": ["ClipCovConfig", "KLCovConfig", "clip_cov", "kl_cov"],
+    "trl_entropy/report.py": ["aent"],
+}
+
+
+def tracked_code_files() -> list[str]:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [name for name in files if Path(name).suffix not in BINARY | {".md"} and (ROOT / name).is_file()]
+
+
+def module_stem(spec) -> str:
+    return spec.trainer_class.__module__.rsplit(".", 1)[1]
+
+
+def names(spec) -> list[str]:
+    return sorted({*spec.entries(), *spec.public})
+
+
+def home(spec) -> set[str]:
+    stem = module_stem(spec)
+    own = {f"trl_entropy/methods/{stem}.py", f"tests/test_{stem}.py"}
+    source = (ROOT / f"trl_entropy/methods/{stem}.py").read_text()
+    for shared, tests in SHARED_TESTS.items():
+        if f"from .{shared} import" in source:
+            own |= set(tests)
+    for path in (ROOT / "examples" / "configs").glob("*.yaml"):
+        options = yaml.safe_load(path.read_text()) or {}
+        if isinstance(options, dict) and options.get("method") in spec.entries():
+            own.add(str(path.relative_to(ROOT)))
+    return own
+
+
+def mentions(text: str, name: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) is not None
+
+
+def registry_text(spec) -> str:
+    """The registry with this method's one import line taken out."""
+    text = (ROOT / "trl_entropy" / "methods" / "__init__.py").read_text()
+    return re.sub(rf"^from \.{module_stem(spec)} import SPEC as \w+\n", "", text, flags=re.MULTILINE)
+
+
+def outside_home() -> dict[str, list[str]]:
+    """file -> the methods' names it holds outside their home."""
+    found: dict[str, set[str]] = {}
+    texts = {name: (ROOT / name).read_text(errors="ignore") for name in tracked_code_files()}
+    for spec in SPECS:
+        if spec is GRPO:
+            continue
+        allowed = home(spec)
+        for file, text in texts.items():
+            if file in allowed:
+                continue
+            if file == "trl_entropy/methods/__init__.py":
+                text = registry_text(spec)
+            found.setdefault(file, set()).update(name for name in names(spec) if mentions(text, name))
+    return {file: sorted(held) for file, held in sorted(found.items()) if held}
+
+
+def test_the_check_sees_a_name_outside_its_home():
+    """A broken check would pass everything: the word match and the registry line's removal work."""
+    assert mentions("trainer = AEntTrainer(model)", "AEntTrainer")
+    assert not mentions("AEntTrainerish", "AEntTrainer") and not mentions("my_aent", "aent")
+    assert mentions("--method aent", "aent") and mentions('"aent/coef"', "aent")
+    spec = next(spec for spec in SPECS if "aent" in spec.entries())
+    assert "from .aent import" not in registry_text(spec)
+    assert "from .qae import" in registry_text(spec)
+
+
+@pytest.mark.parametrize("spec", [spec for spec in SPECS if spec is not GRPO], ids=lambda spec: spec.key)
+def test_home_holds_the_module_and_its_tests(spec):
+    own = home(spec)
+    assert f"trl_entropy/methods/{module_stem(spec)}.py" in own
+    assert any(path.startswith("tests/test_") and (ROOT / path).is_file() for path in own), sorted(own)
+
+
+def test_no_method_is_named_outside_its_home():
+    assert outside_home() == NOT_YET_HOME

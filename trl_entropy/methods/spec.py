@@ -1,0 +1,98 @@
+"""What a method declares about itself, once, at the end of its module (``SPEC = MethodSpec(...)``).
+
+The registry (``methods/__init__.py``) is built from these declarations, and everything that lists methods reads it:
+the public names, the command line's ``--method``, the report's panels, the model cards and the tests' tables.
+"""
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from ..core.citation import Paper
+
+
+class Place(str, Enum):
+    """Where in the loss step a method acts (the trainer's hook it fills)."""
+
+    GROUP_BASELINE = "group_baseline"  # the baseline of each prompt group's rewards
+    ADVANTAGES = "advantages"  # the advantages the surrogate uses, per sequence or per token
+    SURROGATE = "surrogate"  # the per-token policy loss
+    GATES = "gates"  # stop-gradient gates that zero some tokens' policy loss
+    KL = "kl"  # a KL-like penalty added to the per-token loss
+    REGULARISER = "regulariser"  # a scalar added to each micro-batch's loss
+    CLIP_RANGE = "clip_range"  # the PPO clip's (ε_low, ε_high)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A value the method logs. ``title``: its own panel in the run report (``ylabel`` on the y axis; ``smooth``: a
+    measured, noisy fraction, drawn faint with its moving average, rather than a controller's state drawn as logged);
+    None: no panel. ``target_label``: an entropy target, drawn dashed on the report's entropy panel with this label."""
+
+    key: str
+    title: str | None = None
+    ylabel: str = ""
+    smooth: bool = False
+    target_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Neutral:
+    """The settings that make the method compute exactly ``trl.GRPOTrainer``'s loss step: ``ours`` on the method's
+    config, ``trl`` on ``trl.GRPOConfig``; ``trl_with_ppo_clip``, where given, replaces ``trl`` for the loss types with
+    the PPO clip (``core.objectives.PPO_CLIP_LOSS_TYPES``)."""
+
+    ours: dict = field(default_factory=dict)
+    trl: dict = field(default_factory=dict)
+    trl_with_ppo_clip: dict | None = None
+
+    def trl_options(self, ppo_clip: bool) -> dict:
+        return self.trl_with_ppo_clip if ppo_clip and self.trl_with_ppo_clip is not None else self.trl
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One name of a method in the registry: what ``--method`` lists, and the config settings it stands for."""
+
+    description: str
+    defaults: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method's declaration, and, for each of its names, its entry in the registry.
+
+    ``key`` names the method (its module, its metrics' prefix). ``description`` and ``defaults`` (config settings the
+    name stands for) describe it under its own name; ``variants``, where given, are its names in the registry instead.
+    ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
+    ``exports``: the module's public names beyond the config and the trainer. ``needs_all_ranks_rewards``: the method
+    reads every rank's rewards, not only its own.
+    """
+
+    key: str
+    config_class: type
+    trainer_class: type
+    description: str = ""
+    defaults: dict = field(default_factory=dict)
+    variants: dict[str, Variant] = field(default_factory=dict)
+    acts_on: tuple[Place, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    neutral: Neutral = field(default_factory=Neutral)
+    needs_all_ranks_rewards: bool = False
+    name: str | None = None
+    paper: Paper | None = None
+    tag: str | None = None
+    exports: tuple[type, ...] = ()
+
+    def entries(self) -> dict[str, "MethodSpec"]:
+        """The registry's entries for this method: one per variant (its description and defaults), or itself."""
+        if not self.variants:
+            return {self.key: self}
+        return {
+            name: replace(self, description=variant.description, defaults=variant.defaults, variants={})
+            for name, variant in self.variants.items()
+        }
+
+    @property
+    def public(self) -> dict[str, type]:
+        """The public names this method adds to ``trl_entropy``: its config, its trainer and its exports."""
+        return {item.__name__: item for item in (self.config_class, self.trainer_class, *self.exports)}
