@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 
 ROOT = Path(__file__).parent
@@ -18,13 +18,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",  # TRL 1.16's own requirement
-    packages=[
-        "trl_entropy",
-        "trl_entropy.core",
-        "trl_entropy.methods",
-        "trl_entropy.evaluation",
-        "trl_entropy.kernels",
-    ],
+    packages=find_packages(include=["trl_entropy", "trl_entropy.*"]),
     # Exactly what the library imports. Lower bounds: TRL 1.16's own (accelerate, datasets); torch 2.8 is the first
     # whose Triton (3.4) has `triton.knobs`, which the Triton backend uses. Triton itself is not declared: CUDA builds
     # of torch bring it, and on a CPU machine the PyTorch backend runs without it.

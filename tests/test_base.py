@@ -288,7 +288,7 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
     assert not any(name.startswith("kernels/") for name in names), (
         "a top-level `kernels` module would shadow HF kernels"
     )
-    for package in ("core", "methods", "evaluation"):  # every subpackage ships
+    for package in ("core", "methods", "evaluation", "kernels", "toy"):  # every subpackage ships
         assert f"trl_entropy/{package}/__init__.py" in names
 
 

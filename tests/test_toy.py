@@ -214,8 +214,10 @@ def test_warm_start_reduces_loss(tokenizer):
 
 def test_warm_started_policy_succeeds_sometimes(policy):
     model, tokenizer = policy
+    weights = {name: parameter.clone() for name, parameter in model.named_parameters()}
     rate = toy_success_rate(model, tokenizer, n=256, temperature=1.0, seed=0)
     assert 0.05 < rate < 0.95, rate
+    assert not model.training and all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
     assert toy_success_rate(model, tokenizer, n=256, temperature=1.0, seed=0) == rate  # reproducible
     # Far above an untrained model, which essentially never answers correctly.
     assert toy_success_rate(build_toy_model(tokenizer), tokenizer, n=64) < 0.05
