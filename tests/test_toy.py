@@ -1,4 +1,4 @@
-"""Tests for the offline toy task (trl_entropy/toy.py): tokenizer, model, dataset, reward, warm start, cache."""
+"""Tests for the offline toy task (trl_entropy/toy/): tokenizer, model, dataset, reward, warm start, cache."""
 
 import copy
 import re
