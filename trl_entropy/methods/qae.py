@@ -14,7 +14,7 @@ group: on hard groups (``p ≤ 1 − K``) it is 0 and only the successes get a (
 (``p > 1 − K``) it is 1 and only the failures get a (negative) one. Unscorable completions (a reward of None, NaN in
 TRL) are left out of the quantile as TRL leaves them out of the mean (ours) and get advantage 0.
 
-The paper's section and equation numbers could not be read here (docs/qae.md says what was and was not confirmed).
+Provenance (the paper, the authors' code and how each part was confirmed): docs/qae.md.
 """
 
 from dataclasses import dataclass, field
