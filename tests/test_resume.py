@@ -304,7 +304,7 @@ def run_two_processes(script, arguments, folder):
         return json.load(file)
 
 
-@pytest.mark.slow  # two launches of two processes: about 80 s on two CPU cores
+# two launches of two processes: about 80 s on two CPU cores (a launch-tier test, tests/conftest.py)
 def test_two_process_mid_cycle_resume_equals_the_straight_run(warm_toy_policy_path, tmp_path):
     """Each rank saves its own generation batch; the partial cycle sums, reduced at the save, restart on rank 0."""
     script = tmp_path / "rank.py"
