@@ -39,8 +39,16 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from trl_entropy.core.trainer import EntropyGRPOTrainer  # noqa: E402
+from trl_entropy.methods import METHODS  # noqa: E402
 
-ADAPTIVE_METHODS = ("aent", "repo_r", "repo_d", "adapo")
+
+# The methods with a controller: their trainers build controllers, the base builds none.
+ADAPTIVE_METHODS = tuple(
+    name
+    for name, method in METHODS.items()
+    if method.trainer_class.build_controllers is not EntropyGRPOTrainer.build_controllers
+)
 GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
@@ -473,8 +481,6 @@ def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> No
 
 
 def main(argv=None) -> None:
-    from trl_entropy.methods import METHODS
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",

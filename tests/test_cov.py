@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_grpo_batch, naive_log_probs, toy_config
+from conftest import build_trainer as build_toy_trainer
+from conftest import loss_and_gradients, make_grpo_batch, naive_log_probs, toy_config
 from cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
 from distributed_run import finish, launch_two_processes, make_trainer, ranked_reward
 from transformers import AutoModelForCausalLM
@@ -613,6 +614,32 @@ def test_clip_cov_without_candidates_equals_grpo_trainer(toy_model_path, toy_tok
     trl_loss, trl_gradients = trainer_step(trl, inputs)
     assert_same(loss, gradients, trl_loss.double(), {k: v.double() for k, v in trl_gradients.items()})
     assert ours._metrics["train"]["clip_cov/detached_fraction"] == [0.0]
+
+
+def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path, toy_tokenizer, tmp_path):
+    """With every token a candidate, Clip-Cov detaches all of them under CISPO, SAPO and VESPO (none is flat), but
+    only the clip-inactive ones under LUSPO's PPO clip."""
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path)
+    inputs = make_grpo_batch(model, len(toy_tokenizer), seed=3, old_noise=0.3)
+    for loss_type in ("cispo", "sapo", "vespo", "luspo"):
+        trainer = build_toy_trainer(
+            ClipCovTrainer,
+            ClipCovConfig,
+            toy_model_path,
+            toy_tokenizer,
+            tmp_path / loss_type,
+            loss_type=loss_type,
+            clip_cov_ratio=1.0,
+            clip_cov_lb=-1e9,
+            clip_cov_ub=1e9,
+        )
+        loss, grads = loss_and_gradients(trainer, inputs)
+        fraction = trainer._metrics["train"]["clip_cov/detached_fraction"][-1]
+        if loss_type == "luspo":
+            assert 0 < fraction < 1
+        else:
+            assert fraction == 1.0 and loss.item() == 0.0
+            assert all(g.abs().max() == 0 for g in grads.values())
 
 
 def test_clip_cov_with_delta(toy_model_path, toy_tokenizer, tmp_path):

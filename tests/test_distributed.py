@@ -32,6 +32,8 @@ from distributed_run import (
     save_untied_copy,
 )
 
+from trl_entropy.methods import METHODS
+
 
 HERE = Path(__file__).resolve().parent
 STEPS = 3
@@ -67,9 +69,9 @@ def launch(launcher_options: list[str], script_options: list[str], folder: Path,
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# The adaptive trainers, and QAE: no controller, but its advantages need every rank's rewards (the group baseline is
-# taken over the rewards gathered from all ranks, then each rank keeps its own rows).
-TWO_PROCESS_METHODS = (*ADAPTIVE_METHODS, "qae")
+# The adaptive trainers, and the methods whose advantages need every rank's rewards (a group baseline taken over the
+# rewards gathered from all ranks, then each rank keeps its own rows).
+TWO_PROCESS_METHODS = (*ADAPTIVE_METHODS, *(name for name, spec in METHODS.items() if spec.needs_all_ranks_rewards))
 
 
 @pytest.fixture(scope="module")

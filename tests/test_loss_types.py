@@ -10,6 +10,8 @@
 
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,11 +21,12 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
-from trl_entropy.core.objectives import LOSS_TYPES
-from trl_entropy.methods import METHODS
+from trl_entropy.core.objectives import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
+from trl_entropy.methods import METHODS, SPECS
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
 
 
+ROOT = Path(__file__).resolve().parents[1]
 NEW_LOSS_TYPES = ("cispo", "sapo", "luspo", "vespo")
 # CISPO's ε_max low enough that the noisy rollout ratios (exp(±0.3)) get truncated: the truncation is exercised.
 LOSS_OPTIONS = {"cispo": {"epsilon_high": 1.2}, "sapo": {}, "luspo": {}, "vespo": {}}
@@ -137,18 +140,33 @@ def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, tmp_p
 # Method × loss type: every cell of docs/loss_types.md
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Each method with its control neutralised, and the trl.GRPOTrainer options it then equals.
-NEUTRAL = {
-    "grpo": ({}, {}),
-    "entreg": ({}, {"entropy_coef": 1e-3}),
-    "aent": ({"aent_coef_init": 0.0, "aent_adaptive": False}, {}),
-    "clip_cov": ({"clip_cov_lb": 1e8, "clip_cov_ub": 1e9}, {}),  # no candidate token: nothing detached
-    "repo_r": ({"repo_beta": 0.0}, {}),
-    "repo_d": ({"repo_beta": 0.0}, {}),
-    "adapo": ({}, {"epsilon_high": 0.28}),  # the first step, before the controller moves ε_high
-    "qae": ({}, {}),  # the loss step is the base's: QAE changes only the generation batch's advantages
-}
-REFUSED = {("adapo", loss_type) for loss_type in ("cispo", "sapo", "vespo")}
+
+def documented_refusals() -> set[tuple[str, str]]:
+    """The cells docs/loss_types.md marks refused, as (method, loss type); a row names a method by its display name
+    (``MethodSpec.name``, GRPO for the base) or a variant of it (``REPO-R``)."""
+    lines = (ROOT / "docs" / "loss_types.md").read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
+    loss_types = [cell.strip() for cell in lines[header].strip("|").split("|")][1:]
+    rows = {}
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        label, *cells = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[re.sub(r"\(.*\)", "", label)] = dict(zip(loss_types, cells, strict=True))
+    refused = set()
+    for spec in SPECS:
+        shown = spec.name or "GRPO"
+        row = [
+            cells
+            for label, cells in rows.items()
+            if any(part == shown or part.startswith(f"{shown}-") for part in map(str.strip, label.split(",")))
+        ]
+        assert len(row) == 1, f"docs/loss_types.md has {len(row)} rows for {shown}"
+        refused |= {(name, t) for name in spec.entries() for t, cell in row[0].items() if cell.startswith("refused")}
+    return refused
+
+
+REFUSED = documented_refusals()
 REFUSAL_REASONS = {"cispo": "epsilon_max", "sapo": "sigmoid gate", "vespo": "gamma weight"}
 CELLS = [(method, loss_type) for method in METHODS for loss_type in LOSS_TYPES]
 
@@ -186,16 +204,10 @@ def test_method_with_loss_type(toy_model_path, toy_tokenizer, tmp_path, trl_trai
         with pytest.raises(ValueError, match=refusal):
             spec.config_class(output_dir=str(tmp_path), use_cpu=True, bf16=False, **options)
         return
-    if method == "kl_cov":
-        # KL-Cov keeps the surrogate of a loss type with no PPO clip (CISPO, SAPO, VESPO) and replaces the PPO clip
-        # by its penalty otherwise (the paper's −A·r): with the penalty off, that is TRL with a clip that never binds.
-        ours_options, trl_options = {"kl_cov_coef": 0.0}, {}
-        if loss_type not in ("cispo", "sapo", "vespo"):
-            trl_options = {"epsilon": 1e3, "epsilon_high": 1e3}
-    else:
-        ours_options, trl_options = NEUTRAL[method]
+    # The method with its control neutralised, and the trl.GRPOTrainer options it then equals.
+    ours_options, trl_options = spec.neutral.ours, spec.neutral.trl_options(loss_type in PPO_CLIP_LOSS_TYPES)
     trl_options = {**LOSS_OPTIONS.get(loss_type, {}), **trl_options}
-    if loss_type == "cispo" and method != "adapo":
+    if loss_type == "cispo":
         ours_options = {**LOSS_OPTIONS["cispo"], **ours_options}
     ours = build_trainer(
         spec.trainer_class, spec.config_class, toy_model_path, toy_tokenizer, tmp_path, **options, **ours_options
@@ -204,33 +216,6 @@ def test_method_with_loss_type(toy_model_path, toy_tokenizer, tmp_path, trl_trai
     set_sync(ours, True)
     inputs = make_grpo_batch(trl.model, len(toy_tokenizer), seed=CELLS.index((method, loss_type)), old_noise=0.3)
     assert_same_step(trl, ours, inputs)
-
-
-def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path, toy_tokenizer, tmp_path):
-    """With every token a candidate, Clip-Cov detaches all of them under CISPO, SAPO and VESPO (none is flat), but
-    only the clip-inactive ones under LUSPO's PPO clip."""
-    spec = METHODS["clip_cov"]
-    model = AutoModelForCausalLM.from_pretrained(toy_model_path)
-    inputs = make_grpo_batch(model, len(toy_tokenizer), seed=3, old_noise=0.3)
-    for loss_type in ("cispo", "sapo", "vespo", "luspo"):
-        trainer = build_trainer(
-            spec.trainer_class,
-            spec.config_class,
-            toy_model_path,
-            toy_tokenizer,
-            tmp_path / loss_type,
-            loss_type=loss_type,
-            clip_cov_ratio=1.0,
-            clip_cov_lb=-1e9,
-            clip_cov_ub=1e9,
-        )
-        loss, grads = loss_and_gradients(trainer, inputs)
-        fraction = trainer._metrics["train"]["clip_cov/detached_fraction"][-1]
-        if loss_type == "luspo":
-            assert 0 < fraction < 1
-        else:
-            assert fraction == 1.0 and loss.item() == 0.0
-            assert all(g.abs().max() == 0 for g in grads.values())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -256,8 +241,9 @@ def test_args_none_builds_the_methods_default_config(toy_model_path, toy_tokeniz
         assert type(args) is config_class
         assert args.output_dir == f"{model_name}-{trainer_class.__name__.removesuffix('Trainer')}"
         # Every GRPOConfig field the method does not set itself is TRL's default.
-        own = {"epsilon_high"} if trainer_class is METHODS["adapo"].trainer_class else set()
-        for name in set(GRPOConfig.__dataclass_fields__) - {"output_dir", "logging_dir"} - own:
+        trl_fields = GRPOConfig.__dataclass_fields__
+        own = {name for name, f in trl_fields.items() if config_class.__dataclass_fields__[name] is not f}
+        for name in set(trl_fields) - {"output_dir", "logging_dir"} - own:
             assert getattr(args, name) == getattr(reference, name), (trainer_class.__name__, name)
 
 

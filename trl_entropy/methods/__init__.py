@@ -26,8 +26,13 @@ GRPO = MethodSpec(
     config_class=EntropyGRPOConfig,
     trainer_class=EntropyGRPOTrainer,
     variants={
-        "grpo": Variant("GRPO, no entropy control"),
-        "entreg": Variant("TRL's entropy bonus (entropy_coef)", {"entropy_coef": 1e-3}),
+        "grpo": Variant("GRPO, no entropy control", metrics=()),
+        "entreg": Variant(
+            "TRL's entropy bonus (entropy_coef)",
+            {"entropy_coef": 1e-3},
+            metrics=("entropy_coef",),
+            neutral=Neutral(trl={"entropy_coef": 1e-3}),
+        ),
     },
     acts_on=(Place.REGULARISER,),
     metrics=(Metric("entropy_coef", "TRL entropy coefficient (entropy_coef)", "coefficient"),),

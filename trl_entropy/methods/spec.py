@@ -51,10 +51,15 @@ class Neutral:
 
 @dataclass(frozen=True)
 class Variant:
-    """One name of a method in the registry: what ``--method`` lists, and the config settings it stands for."""
+    """One name of a method in the registry: what ``--method`` lists, and the config settings it stands for.
+
+    ``metrics``: the keys of the method's metrics this name logs (None: all of them). ``neutral``: this name's neutral
+    settings where they differ from the method's."""
 
     description: str
     defaults: dict = field(default_factory=dict)
+    metrics: tuple[str, ...] | None = None
+    neutral: Neutral | None = None
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,8 @@ class MethodSpec:
     ``key`` names the method (its module, its metrics' prefix). ``description`` and ``defaults`` (config settings the
     name stands for) describe it under its own name; ``variants``, where given, are its names in the registry instead.
     ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
-    ``exports``: the module's public names beyond the config and the trainer. ``needs_all_ranks_rewards``: the method
-    reads every rank's rewards, not only its own.
+    ``metrics``: what any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
+    the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
     """
 
     key: str
@@ -87,10 +92,23 @@ class MethodSpec:
         """The registry's entries for this method: one per variant (its description and defaults), or itself."""
         if not self.variants:
             return {self.key: self}
-        return {
-            name: replace(self, description=variant.description, defaults=variant.defaults, variants={})
-            for name, variant in self.variants.items()
-        }
+        return {name: self.variant_entry(variant) for name, variant in self.variants.items()}
+
+    def variant_entry(self, variant: Variant) -> "MethodSpec":
+        metrics = self.metrics
+        if variant.metrics is not None:
+            unknown = sorted(set(variant.metrics) - {metric.key for metric in self.metrics})
+            if unknown:
+                raise ValueError(f"{self.key}: a variant names metrics the method does not declare: {unknown}")
+            metrics = tuple(metric for metric in self.metrics if metric.key in variant.metrics)
+        return replace(
+            self,
+            description=variant.description,
+            defaults=variant.defaults,
+            metrics=metrics,
+            neutral=variant.neutral or self.neutral,
+            variants={},
+        )
 
     @property
     def public(self) -> dict[str, type]:
