@@ -81,7 +81,7 @@ def cycle_open(trl_step: int, steps_per_generation: int, num_iterations: int) ->
 
 
 def generation_cycle_open(trainer) -> bool:
-    return cycle_open(trainer._step, trainer.args.steps_per_generation, trainer.num_iterations)
+    return cycle_open(trainer.micro_step, trainer.args.steps_per_generation, trainer.num_iterations)
 
 
 def method_name(trainer) -> str:
@@ -163,7 +163,7 @@ def save_entropy_control(trainer, folder: str) -> None:
     state = trainer._entropy_control_state
     state.snapshot = {
         **trainer.controller_cycle.snapshot(),
-        "trl_step": trainer._step,  # TRL's micro-batch counter: where the buffered generation batch is in its cycle
+        "trl_step": trainer.micro_step,  # where the buffered generation batch is in its cycle
         "num_processes": trainer.accelerator.num_processes,
         "method": method_name(trainer),
         "settings": run_settings(trainer.args),
@@ -172,7 +172,7 @@ def save_entropy_control(trainer, folder: str) -> None:
     trainer.state.stateful_callbacks[EntropyControlState.__name__] = state.state()  # Trainer updates known keys only
     rank = trainer.accelerator.process_index
     if generation_cycle_open(trainer):
-        save_rank_file(folder, GENERATION_BATCH_FILE, rank, trainer._buffered_inputs)
+        save_rank_file(folder, GENERATION_BATCH_FILE, rank, trainer.buffered_generation_batch)
     for pattern, value in trainer.rank_checkpoint_state().items():
         save_rank_file(folder, pattern, rank, value)
 
@@ -241,7 +241,7 @@ def refuse_other_method(trainer, checkpoint: str, written_by: str) -> None:
 
 def start_new_cycle(trainer, reason: str | None) -> None:
     """Drop the buffered generation batch and the partial cycle: the next step generates anew (as TRL does)."""
-    trainer._step, trainer._buffered_inputs = 0, None
+    trainer.micro_step, trainer.buffered_generation_batch = 0, None
     trainer.controller_cycle.start_cycle()
     if reason is not None:
         warnings.warn(
@@ -280,7 +280,7 @@ def restore_entropy_control(trainer, checkpoint: str) -> None:
         warn_changed_settings(trainer, checkpoint, snapshot["settings"])
     accelerator = trainer.accelerator
     trainer.controller_cycle.restore(snapshot, keep_sums=accelerator.is_main_process, device=accelerator.device)
-    trainer._step = snapshot["trl_step"]
+    trainer.micro_step = snapshot["trl_step"]
     new_layout = layout(trainer)
     old_layout = snapshot.get("layout", new_layout)
     if old_layout != new_layout:
@@ -303,5 +303,5 @@ def restore_entropy_control(trainer, checkpoint: str) -> None:
                 f"resuming it needs {GENERATION_BATCH_FILE.format(process_index=rank)} there and as many "
                 f"processes (this run has {accelerator.num_processes})"
             )
-        trainer._buffered_inputs = buffered
+        trainer.buffered_generation_batch = buffered
     trainer.restore_rank_checkpoint_state(checkpoint)

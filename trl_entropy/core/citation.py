@@ -3,9 +3,7 @@ GRPO's (TRL writes the card from the trainer's ``_name``, ``_paper`` and ``_tag_
 
 from dataclasses import dataclass
 
-from trl import GRPOTrainer
-
-from .trainer import EntropyGRPOTrainer
+from .trl_bridge import grpo_citation, set_model_card
 
 
 @dataclass(frozen=True)
@@ -34,12 +32,10 @@ def method_paper(paper: Paper) -> dict[str, str]:
     return {
         "title": paper.title,
         "id": paper.arxiv_id,
-        "citation": f"{paper.bibtex}\n\n{GRPOTrainer._paper['citation']}",
+        "citation": f"{paper.bibtex}\n\n{grpo_citation()}",
     }
 
 
 def sign_model_card(trainer_class: type, name: str, paper: Paper, tag: str) -> None:
     """Make ``trainer_class``'s model card say "trained with ``name``", cite ``paper`` and carry the tag ``tag``."""
-    trainer_class._name = name
-    trainer_class._paper = method_paper(paper)
-    trainer_class._tag_names = [*EntropyGRPOTrainer._tag_names, tag]
+    set_model_card(trainer_class, name, method_paper(paper), tag)

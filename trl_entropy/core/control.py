@@ -18,9 +18,6 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .objectives import adaptive_entropy_coef_step
-from .statistics import masked_mean
-
 
 class Controller(ABC):
     """Base class. Subclasses set ``name`` (its key in checkpoints) and ``statistic``: the ``CompletionBatch`` field
@@ -218,36 +215,3 @@ class ControllerCycle:
             for name, sums in snapshot["cycle_statistics"].items()
         }
         self.optimizer_steps = snapshot["cycle_optimizer_steps"]
-
-
-def trl_entropy_bonus(trainer, entropy, mask, policy_loss, mode) -> torch.Tensor:
-    """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline.
-
-    Returns ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation). The adaptive
-    coefficient is TRL's controller, with its state in TRL's attributes of ``trainer`` (so TRL's own checkpoint file
-    for it keeps working): it moves at every optimizer step by :func:`adaptive_entropy_coef_step`.
-    """
-    coefficient = trainer.entropy_coef
-    if trainer.use_adaptive_entropy and trainer._last_world_entropy > trainer.args.entropy_target:
-        coefficient = 0.0
-    trainer._metrics[mode]["policy_loss"].append(trainer.accelerator.gather(policy_loss.detach()).nanmean().item())
-    if trainer.use_adaptive_entropy and mode == "train":
-        window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
-        previous = trainer._entropy_window_stats
-        trainer._entropy_window_stats = window if previous is None else previous + window
-        if trainer.accelerator.sync_gradients:
-            totals = trainer.accelerator.reduce(trainer._entropy_window_stats, reduction="sum")
-            trainer._last_world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-            args = trainer.args
-            trainer.entropy_coef = adaptive_entropy_coef_step(
-                trainer.entropy_coef,
-                trainer._last_world_entropy,
-                args.entropy_target,
-                args.entropy_coef_delta,
-                args.entropy_coef_min,
-                args.entropy_coef_max,
-            )
-            trainer._entropy_window_stats = None
-    if mode == "train" and trainer.accelerator.sync_gradients:
-        trainer._metrics[mode]["entropy_coef"].append(trainer.entropy_coef)
-    return coefficient * masked_mean(entropy, mask)

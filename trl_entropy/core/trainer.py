@@ -1,6 +1,6 @@
-"""``EntropyGRPOTrainer``: the shared base. It owns GRPO's loss step and opens it through small hooks, and it is the
-only place that overrides private methods of ``trl.GRPOTrainer`` and ``transformers.Trainer`` (listed, with the
-signatures they must keep, in ``core/drift.py``).
+"""``EntropyGRPOTrainer``: the shared base. It owns GRPO's loss step and opens it through small hooks. It stands on
+``core/trl_bridge.py``'s ``TRLBridge``, the one place that touches the private methods and attributes of
+``trl.GRPOTrainer`` and ``transformers.Trainer``; this module uses only the names the bridge offers.
 
 The hooks a method fills (docs/adding_a_method.md walks through them):
 
@@ -25,21 +25,12 @@ from typing import ClassVar
 import torch
 from accelerate.utils import is_peft_model
 from transformers import ProcessorMixin
-from trl import GRPOTrainer
 
 from .batch import CompletionBatch
-from .checkpoint import (
-    checkpoint_folder,
-    end_checkpoint,
-    last_complete_checkpoint,
-    restore_entropy_control,
-    save_entropy_control,
-    tied_weights_not_reported_missing,
-)
+from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .config import EntropyGRPOConfig
-from .control import Controller, ControllerCycle, EntropyControlState, trl_entropy_bonus
+from .control import Controller, ControllerCycle, EntropyControlState
 from .data import check_prompt_columns
-from .drift import LossPathGuard, check_trl_methods
 from .head import (
     EntropyHeadRequest,
     install_entropy_head,
@@ -57,10 +48,11 @@ from .objectives import (
     summed_rewards,
     vespo_weights,
 )
-from .statistics import global_token_mean, loss_step_metrics, replace_tail
+from .statistics import global_token_mean, loss_step_metrics
+from .trl_bridge import TRLBridge
 
 
-class EntropyGRPOTrainer(GRPOTrainer):
+class EntropyGRPOTrainer(TRLBridge):
     """`trl.GRPOTrainer` whose loss step is owned here and opened up through small hooks (see the module docstring).
 
     Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (or the method's config, or a
@@ -70,10 +62,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
     config_class: ClassVar[type] = EntropyGRPOConfig
     # Per-token (B, T) tensors that on_generation_batch adds to the generation batch and the loss step reads back.
     carried_token_keys: ClassVar[tuple[str, ...]] = ()
-    _tag_names = ["trl", "grpo", "trl-entropy"]
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
-        check_trl_methods(type(self))
         args = self.config_class.coerce(args, type(self).__name__, model)
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
         if isinstance(model, str):  # model_init_kwargs' trust_remote_code wins over the config's, as in TRL
@@ -104,8 +94,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self.controllers: dict[str, Controller] = self.controller_cycle.controllers
         self._entropy_control_state = EntropyControlState()  # carries the controller state into every checkpoint
         self.add_callback(self._entropy_control_state)
-        self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
-        self.add_callback(self.loss_path)
 
     # ------------------------------------------------------------------------------------------------------------
     # Hooks
@@ -161,13 +149,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     def log_token_mean(self, batch: CompletionBatch, name: str, values: torch.Tensor) -> None:
         """Log the token mean of ``values`` over every rank's valid tokens as metric ``name`` (collective)."""
-        self._metrics[batch.mode][name].append(global_token_mean(self.accelerator, values, batch.mask))
+        self.record_metric(batch.mode, name, global_token_mean(self.accelerator, values, batch.mask))
 
     # ------------------------------------------------------------------------------------------------------------
-    # Overrides of TRL's GRPOTrainer
+    # What TRL's generation and loss paths lead to (core/trl_bridge.py)
     # ------------------------------------------------------------------------------------------------------------
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+    def on_rewards(self, rewards_per_func):
         """TRL's rewards, refusing infinite ones.
 
         TRL maps a ``None`` (or NaN) reward to NaN and leaves such completions out of the group statistics; that stays.
@@ -175,7 +163,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
         ``scale_rewards="none"``, ±3.4e38, which turns the weights into NaN. The rewards are gathered across ranks
         here, so every rank raises together.
         """
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         infinite = torch.isinf(rewards_per_func)
         if infinite.any():
             row, column = infinite.nonzero()[0].tolist()
@@ -187,17 +174,17 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._gathered_rewards = rewards_per_func  # every rank's rows, for group_baseline
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def finish_generation_batch(self, output, rows):
+        """TRL's advantages around the method's ``group_baseline`` (when it has one), then ``on_generation_batch``."""
         num_generations = self.num_generations if self.model.training else self.num_generations_eval
         rewards = summed_rewards(self._gathered_rewards, self.reward_weights)
         baseline = self.group_baseline(rewards.view(-1, num_generations))
         if baseline is not None:  # TRL's advantages around the method's baseline; this rank's rows, as TRL slices them
             if self.multi_objective_aggregation != "sum_then_normalize":
                 raise ValueError(f"{type(self).__name__} needs multi_objective_aggregation='sum_then_normalize'.")
-            advantages, rows = group_advantages(rewards, num_generations, self.scale_rewards, baseline), len(inputs)
+            advantages = group_advantages(rewards, num_generations, self.scale_rewards, baseline)
             output["advantages"] = advantages[self.accelerator.process_index * rows :][:rows]
-            replace_tail(self._logs["advantages"], advantages.tolist())  # the completions table shows them too
+            self.replace_logged_advantages(advantages.tolist())  # the completions table shows them too
         self.on_generation_batch(output)
         return output
 
@@ -216,29 +203,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
         scored = score_completions(model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast)
         return scored.log_probs, scored.entropy, scored.clamped_entropy, scored.router_loss
 
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **model_inputs,
-    ):
-        # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
-        # on-policy ratio is exactly 1.
-        extra = {name: value for name, value in model_inputs.items() if value is not None}
-        if extra:
-            raise NotImplementedError(f"{type(self).__name__} scores text-only inputs; got {sorted(extra)}.")
-        log_probs, entropy, _, router_loss = self._score(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
-        )
-        return log_probs, (entropy if compute_entropy else None), router_loss
-
-    def _compute_loss(self, model, inputs):
-        mode = "train" if self.model.training else "eval"
+    def loss_step(self, model, inputs):
+        """GRPO's loss of one micro-batch, opened through the hooks above; logs the step's metrics."""
+        mode = self.mode
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         model_inputs = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids")}
@@ -300,33 +267,31 @@ class EntropyGRPOTrainer(GRPOTrainer):
             per_token_loss, mask, self.loss_type, self.max_completion_length, dapo_normaliser
         )
         loss = policy_loss / (accumulation if scale else 1.0)
-        if self._entropy_bonus_enabled:
+        if self.entropy_bonus_enabled:
             bonus_mask = mask if batch.entropy_mask is None else mask * batch.entropy_mask
-            loss = loss - trl_entropy_bonus(self, entropy, bonus_mask, policy_loss, mode) / accumulation
+            loss = loss - self.trl_entropy_bonus(entropy, bonus_mask, policy_loss, mode) / accumulation
         regulariser = self.regulariser(batch)
         if regulariser is not None:
             loss = loss + regulariser / accumulation
         if self.aux_loss_enabled:  # the MoE load-balancing loss, scaled for accumulation as TRL scales it
             loss = loss + self.router_aux_loss_coef * router_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(
-                self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
-            )
+            router_loss_mean = self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
+            self.record_metric(mode, "aux_loss", router_loss_mean)
 
         if mode == "train" and self.controllers:
             self.controller_cycle.add(batch)
             if self.accelerator.sync_gradients:
                 for name, value in self.controller_cycle.end_optimizer_step(self.state.global_step + 1).items():
-                    self._metrics["train"][name].append(value)
+                    self.record_metric("train", name, value)
         metrics = loss_step_metrics(
             self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range(), self.loss_type
         )
         for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
-        self.loss_path.loss_steps += 1
+            self.record_metric(mode, name, value)
         return loss
 
     # ------------------------------------------------------------------------------------------------------------
-    # Overrides of transformers.Trainer: checkpoints
+    # Overrides of transformers.Trainer
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, *positional, **keyword):
@@ -334,16 +299,3 @@ class EntropyGRPOTrainer(GRPOTrainer):
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
         with tied_weights_not_reported_missing(self):
             return super().train(resume_from_checkpoint, *positional, **keyword)
-
-    def _save_checkpoint(self, model, trial):
-        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub; the
-        # folder is marked complete only after everything is written.
-        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        save_entropy_control(self, folder)
-        super()._save_checkpoint(model, trial)
-        end_checkpoint(self, folder)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            restore_entropy_control(self, checkpoint)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ..core.drift import PASS_AT_K_NAMES, check_trainer
+from ..core.trl_bridge import discard_reward_logs, generate_and_score
 from .counts import as_count
 
 
@@ -128,14 +130,13 @@ def count_correct(
     afterwards, so evaluating never changes the training run. Values a reward function passes to ``log_extra`` or
     ``log_metric`` during the evaluation are dropped.
     """
-    from trl.data_utils import is_conversational
-
     num_samples = as_count(num_samples, "num_samples")
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     rows = list(dataset)
     if not rows:
         raise ValueError("dataset must hold at least one prompt")
+    check_trainer(trainer, PASS_AT_K_NAMES)
     if prompts_per_batch is None:
         prompts_per_batch = max(1, trainer.args.generation_batch_size // num_samples)
     accelerator = trainer.accelerator
@@ -154,15 +155,7 @@ def count_correct(
             for start in range(0, per_process, prompts_per_batch):
                 indices = shard[start : start + prompts_per_batch]
                 inputs = [rows[index] for index in indices for _ in range(num_samples)]
-                prompts = [row["prompt"] for row in inputs]
-                prompt_ids, images, multimodal_fields = trainer._tokenize_prompts(prompts)
-                completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, multimodal_fields, num_samples)
-                texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-                if is_conversational({"prompt": prompts[0]}):
-                    completions = [[{"role": "assistant", "content": text}] for text in texts]
-                else:
-                    completions = texts
-                rewards_per_func = trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
+                rewards_per_func = generate_and_score(trainer, inputs, num_samples)
                 weights = trainer.reward_weights.to(rewards_per_func.device)
                 rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
                 is_correct = (rewards >= reward_threshold) & ~torch.isnan(rewards_per_func).all(dim=1)
@@ -172,8 +165,7 @@ def count_correct(
                     if index >= 0:
                         correct[index] += int(hit)
     finally:
-        trainer._pending_extra_logs.clear()
-        trainer._pending_metrics.clear()
+        discard_reward_logs(trainer)
         model.train(was_training)
     return correct
 

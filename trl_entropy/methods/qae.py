@@ -117,7 +117,7 @@ class QAETrainer(EntropyGRPOTrainer):
         mode = "train" if self.model.training else "eval"
         # Every rank sees the same gathered rewards, so every rank logs the same values.
         for name, value in qae_gate_metrics(grouped_rewards, baseline).items():
-            self._metrics[mode][name].append(value)
+            self.record_metric(mode, name, value)
         return baseline
 
 

@@ -1,0 +1,238 @@
+"""The one module that reaches into ``trl.GRPOTrainer`` and ``transformers.Trainer``: it overrides their private
+methods, reads and writes their private attributes and calls their private helpers, and offers the rest of the
+library what it needs under its own names. Every private name used here is listed, with what it is used for, in
+``core/drift.py``, which checks them all (a test keeps the two in step).
+
+:class:`TRLBridge` is the base of ``EntropyGRPOTrainer`` (``core/trainer.py``). TRL's private methods lead to:
+
+* ``_compute_loss``                      → ``loss_step(model, inputs)``;
+* ``_get_per_token_logps_and_entropies`` → ``_score(...)``, the entropy head (rollout and reference log-probs);
+* ``_calculate_rewards``                 → ``on_rewards(rewards_per_func)``, every rank's rewards;
+* ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``;
+* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``.
+
+Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:`TRLBridge.micro_step` and
+:attr:`TRLBridge.buffered_generation_batch` (where a generation cycle stands, for checkpoints),
+:meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus`; for any GRPO trainer,
+:func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`set_model_card`
+and :func:`grpo_citation`.
+"""
+
+import torch
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from .checkpoint import checkpoint_folder, end_checkpoint, restore_entropy_control, save_entropy_control
+from .drift import (
+    INSTANCE_ATTRIBUTES,
+    PASS_AT_K_NAMES,
+    LossPathGuard,
+    check_class,
+    check_grpo_citation,
+    check_trainer,
+)
+from .objectives import adaptive_entropy_coef_step
+from .statistics import masked_mean, replace_tail
+
+
+class TRLBridge(GRPOTrainer):
+    """``trl.GRPOTrainer`` whose private methods lead to named methods of the trainer built on it (see the module
+    docstring), with TRL's private state offered under our names. Every private name it uses is checked when a
+    trainer is built."""
+
+    _tag_names = ["trl", "grpo", "trl-entropy"]
+
+    def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
+        check_class(type(self), TRLBridge)
+        super().__init__(model, reward_funcs, args, *positional, **keyword)
+        check_trainer(self, INSTANCE_ATTRIBUTES + PASS_AT_K_NAMES)
+        self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
+        self.add_callback(self.loss_path)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # TRL's state under our names
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """``"train"`` or ``"eval"``: the metric dict the current step logs into."""
+        return "train" if self.model.training else "eval"
+
+    def record_metric(self, mode: str, name: str, value: float) -> None:
+        """Add ``value`` to metric ``name``; TRL logs the mean of a logging step's values."""
+        self._metrics[mode][name].append(value)
+
+    @property
+    def micro_step(self) -> int:
+        """TRL's micro-batch counter: where the buffered generation batch is in its generation cycle."""
+        return self._step
+
+    @micro_step.setter
+    def micro_step(self, value: int) -> None:
+        self._step = value
+
+    @property
+    def buffered_generation_batch(self):
+        """The generation batch the rest of the cycle trains on (None: the next step generates one)."""
+        return self._buffered_inputs
+
+    @buffered_generation_batch.setter
+    def buffered_generation_batch(self, value) -> None:
+        self._buffered_inputs = value
+
+    def replace_logged_advantages(self, advantages: list[float]) -> None:
+        """Show ``advantages`` (every rank's, this generation batch) in the completions table instead of TRL's."""
+        replace_tail(self._logs["advantages"], advantages)
+
+    @property
+    def entropy_bonus_enabled(self) -> bool:
+        """Whether TRL's entropy bonus applies (``entropy_coef`` ≠ 0 or ``use_adaptive_entropy``)."""
+        return self._entropy_bonus_enabled
+
+    def trl_entropy_bonus(self, entropy, mask, policy_loss, mode) -> torch.Tensor:
+        """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline.
+
+        Returns ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation). The adaptive
+        coefficient is TRL's controller, with its state in TRL's attributes (so TRL's own checkpoint file for it keeps
+        working): it moves at every optimizer step by ``adaptive_entropy_coef_step``.
+        """
+        coefficient = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
+            coefficient = 0.0
+        self.record_metric(mode, "policy_loss", self.accelerator.gather(policy_loss.detach()).nanmean().item())
+        if self.use_adaptive_entropy and mode == "train":
+            window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
+            previous = self._entropy_window_stats
+            self._entropy_window_stats = window if previous is None else previous + window
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                self._last_world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                args = self.args
+                self.entropy_coef = adaptive_entropy_coef_step(
+                    self.entropy_coef,
+                    self._last_world_entropy,
+                    args.entropy_target,
+                    args.entropy_coef_delta,
+                    args.entropy_coef_min,
+                    args.entropy_coef_max,
+                )
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self.record_metric(mode, "entropy_coef", self.entropy_coef)
+        return coefficient * masked_mean(entropy, mask)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # What the trainer built on this class provides
+    # ------------------------------------------------------------------------------------------------------------
+
+    def loss_step(self, model, inputs) -> torch.Tensor:
+        """The loss of one micro-batch."""
+        raise NotImplementedError
+
+    def _score(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0, aux_loss=False
+    ):
+        """Per-token log-probs, entropies, clamped entropies and the MoE router loss."""
+        raise NotImplementedError
+
+    def on_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Sees every rank's rewards ``(N, functions)`` of a generation batch; returns them."""
+        return rewards_per_func
+
+    def finish_generation_batch(self, output: dict, rows: int) -> dict:
+        """Sees TRL's generation batch (this rank's ``rows`` prompts); returns it."""
+        return output
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Overrides of TRL's GRPOTrainer
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        return self.on_rewards(super()._calculate_rewards(inputs, prompts, completions, completion_ids_list))
+
+    def _generate_and_score_completions(self, inputs):
+        return self.finish_generation_batch(super()._generate_and_score_completions(inputs), len(inputs))
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **model_inputs,
+    ):
+        # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
+        # on-policy ratio is exactly 1.
+        extra = {name: value for name, value in model_inputs.items() if value is not None}
+        if extra:
+            raise NotImplementedError(f"{type(self).__name__} scores text-only inputs; got {sorted(extra)}.")
+        log_probs, entropy, _, router_loss = self._score(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
+        )
+        return log_probs, (entropy if compute_entropy else None), router_loss
+
+    def _compute_loss(self, model, inputs):
+        loss = self.loss_step(model, inputs)
+        self.loss_path.loss_steps += 1
+        return loss
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Overrides of transformers.Trainer: checkpoints
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub; the
+        # folder is marked complete only after everything is written.
+        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+        save_entropy_control(self, folder)
+        super()._save_checkpoint(model, trial)
+        end_checkpoint(self, folder)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            restore_entropy_control(self, checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# For any GRPO trainer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def generate_and_score(trainer: GRPOTrainer, inputs: list[dict], num_samples: int) -> torch.Tensor:
+    """Sample a completion for each row of ``inputs`` (``num_samples`` consecutive copies of each prompt) through
+    ``trainer``'s own generation path (TRL's ``_tokenize_prompts`` and ``_generate_single_turn``: its sampling
+    settings, chat template and backend) and score it with its reward functions: every rank's rewards
+    ``(N, functions)``, NaN where a function returned None. Check ``PASS_AT_K_NAMES`` first (``core.drift``)."""
+    prompts = [row["prompt"] for row in inputs]
+    prompt_ids, images, multimodal_fields = trainer._tokenize_prompts(prompts)
+    completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, multimodal_fields, num_samples)
+    texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+    if is_conversational({"prompt": prompts[0]}):
+        completions = [[{"role": "assistant", "content": text}] for text in texts]
+    else:
+        completions = texts
+    return trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
+
+
+def discard_reward_logs(trainer: GRPOTrainer) -> None:
+    """Drop what reward functions passed to ``log_extra`` or ``log_metric`` since the last generation batch."""
+    trainer._pending_extra_logs.clear()
+    trainer._pending_metrics.clear()
+
+
+def set_model_card(trainer_class: type, name: str, paper: dict[str, str], tag: str) -> None:
+    """Make the model card of ``trainer_class`` say "trained with ``name``", cite ``paper`` (``title``, ``id`` and
+    ``citation``, as TRL reads them) and tag the model with ``tag`` after the base's tags."""
+    trainer_class._name = name
+    trainer_class._paper = paper
+    trainer_class._tag_names = [*TRLBridge._tag_names, tag]
+
+
+def grpo_citation() -> str:
+    """GRPO's BibTeX entry (DeepSeekMath), as TRL's model card cites it."""
+    check_grpo_citation(GRPOTrainer)
+    return GRPOTrainer._paper["citation"]
