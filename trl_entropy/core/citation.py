@@ -1,5 +1,5 @@
 """What a pushed model's card says about how it was trained: each trainer names its method and cites its paper next to
-GRPO's (TRL writes the card from the trainer's ``_name``, ``_paper`` and ``_tag_names``)."""
+GRPO's (``core/trl_bridge.py`` writes them where TRL's card reads them)."""
 
 from dataclasses import dataclass
 
