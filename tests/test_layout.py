@@ -159,11 +159,12 @@ def module_name(path: Path) -> str:
 
 def imported_modules(path: Path, modules: set[str]) -> set[str]:
     """The modules of ``modules`` that ``path`` imports, at module level or inside a function: a function-level
-    import only delays a circle to the first call, and the layers must not depend on each other either way.
+    import only delays a circle to the first call, and the layers must not depend on each other either way. Imports
+    under ``if TYPE_CHECKING:`` never run and do not count (annotations may name each other).
     ``from package import name`` counts as an import of the module ``package.name`` when that is a module."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(tree(path)):
+    for node in runtime_nodes(tree(path)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -175,6 +176,16 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:
                 found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
     return found & modules
+
+
+def runtime_nodes(node: ast.AST):
+    """``node`` and everything under it, except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and ast.unparse(child.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}:
+            yield from (item for branch in child.orelse for item in runtime_nodes(branch))
+            continue
+        yield from runtime_nodes(child)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -205,6 +216,8 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_import_cycles_are_found():
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    typed = ast.parse("if TYPE_CHECKING:\n    import a\nelse:\n    import b\nimport c\n")
+    assert {node.names[0].name for node in runtime_nodes(typed) if isinstance(node, ast.Import)} == {"b", "c"}
     graph = import_graph()
     assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.core.trainer"]
     assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.evaluation.passk"]
