@@ -43,7 +43,7 @@ setup(
         # Liger's layer kernels (`use_liger_kernel=True`, on a GPU) and the kernel benchmark's Liger comparison.
         "liger": ["liger-kernel>=0.8.2"],
         "vllm": ["vllm"],
-        # Drawing: the entropy-collapse demo's PNG and `trl-entropy report` (trl_entropy/report.py).
+        # Drawing: `trl-entropy demo`'s PNG and `trl-entropy report` (trl_entropy/report/).
         "plot": ["matplotlib"],
         # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison.
         "dev": [
@@ -61,6 +61,6 @@ setup(
             "liger-kernel>=0.8.2",
         ],
     },
-    # `trl-entropy report RUN_DIR ...`: pictures of a run's log (needs the plot extra).
-    entry_points={"console_scripts": ["trl-entropy = trl_entropy.report:main"]},
+    # `trl-entropy train|report|demo ...` (trl_entropy/cli.py); report and demo draw with the plot extra.
+    entry_points={"console_scripts": ["trl-entropy = trl_entropy.cli:main"]},
 )

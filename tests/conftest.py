@@ -41,6 +41,7 @@ LAUNCHES = {
     "test_base.py": {
         "test_wheel_installs_kernels_inside_the_package",
         "test_a_plain_install_brings_neither_triton_nor_liger",
+        "test_trl_entropy_train_runs_from_the_wheel_outside_the_clone",
     },
     "test_cov.py": {"test_two_processes_select_and_train_like_one"},
     "test_distributed.py": "all",

@@ -1,14 +1,17 @@
 """The base trainer's plumbing: validation, the controller window, checkpoints, diagnostics, packaging."""
 
+import json
 import math
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL_BATCH, make_grpo_batch, toy_config
+from conftest import SMALL_BATCH, TOY_CACHE, make_grpo_batch, toy_config
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
@@ -290,6 +293,59 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
     )
     for package in ("core", "methods", "evaluation", "kernels", "toy"):  # every subpackage ships
         assert f"trl_entropy/{package}/__init__.py" in names
+
+
+def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path):
+    """`trl-entropy train --method aent` and `trl-entropy report` from the wheel installed into a fresh virtual
+    environment, run from a folder outside the clone. The environment sees this one's packages (torch, TRL, ...)
+    through a path file, which adds their folder but runs none of its path files, so the clone's editable install
+    stays out: the trl_entropy imported is the wheel's copy."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site_packages = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (site_packages / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: pip sees the clone's editable install through the path file and would skip the wheel.
+    install = [python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", wheel.filename]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env |= {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true"}
+
+    imported = subprocess.run(
+        [python, "-c", "import trl_entropy.cli, trl_entropy.scripts.train as t; print(t.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(imported).is_relative_to(site_packages) and not Path(imported).is_relative_to(ROOT), imported
+
+    command = venv / "bin" / "trl-entropy"  # the console script the wheel declares
+    tiny = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
+    train = [command, "train", "--method", "aent", *tiny, "--toy_policy_cache", str(TOY_CACHE)]
+    trained = subprocess.run(train, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-4000:]
+    assert "trl-entropy train: saved the model to outputs/aent-toy" in trained.stderr
+    output_dir = elsewhere / "outputs" / "aent-toy"
+    assert (output_dir / "model.safetensors").is_file()
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    assert any("aent/coef" in entry for entry in history)  # AEnt's trainer ran, not the base's
+
+    report = subprocess.run(
+        [command, "report", str(output_dir)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert report.returncode == 0, report.stderr[-4000:]
+    assert (output_dir / "report.png").is_file() and (output_dir / "report.md").is_file()
 
 
 def installed_closure(requirements) -> set[str]:

@@ -379,22 +379,19 @@ def test_entropy_law_callback_logs_once_well_posed(
 
 
 def test_demo_reports_pass_at_k_the_law_and_phase_2(tmp_path, monkeypatch):
-    import importlib.util
     import json
-    from pathlib import Path
 
     import transformers
     import trl
     from conftest import TOY_CACHE
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "entropy_collapse_demo.py"
-    spec = importlib.util.spec_from_file_location("entropy_collapse_demo_evaluation", path)
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    from trl_entropy.demo import run as demo
+    from trl_entropy.demo.arguments import DemoArguments
+
     titles = []
     plot = demo.plot
     monkeypatch.setattr(demo, "plot", lambda *args, **kwargs: titles.extend(plot(*args, **kwargs)))
-    arguments = demo.DemoArguments(
+    arguments = DemoArguments(
         output_dir=str(tmp_path),
         methods=["grpo", "repo_r"],
         max_steps=4,
@@ -402,7 +399,7 @@ def test_demo_reports_pass_at_k_the_law_and_phase_2(tmp_path, monkeypatch):
         workers=1,
         toy_policy_cache=TOY_CACHE,
     )
-    summaries = demo.main(arguments)
+    summaries = demo.run_demo(arguments)
 
     history = json.loads((tmp_path / "history.json").read_text())
     versions = history["versions"]

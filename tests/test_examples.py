@@ -1,5 +1,5 @@
-"""examples/train.py (every --method, a YAML config, LoRA, the errors, --help, precision, output folders) and the
-entropy-collapse demo, on the toy task.
+"""examples/train.py, the same program as `trl-entropy train` (every --method, a YAML config, LoRA, the errors, --help,
+precision, output folders), and the entropy-collapse demo (trl_entropy.demo), on the toy task.
 
 Training runs go through a subprocess, as a user runs the script, with a one-step budget; the warm-started toy policy
 comes from the test suite's persistent cache. Command-line errors run in this process (`main` exits through argparse,
@@ -7,7 +7,6 @@ exactly as the script does) and two of them also as a real process, to check wha
 """
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -21,7 +20,12 @@ import pytest
 import yaml
 from conftest import TOY_CACHE
 
+import trl_entropy.scripts.train as train_script
+import trl_entropy.scripts.train_arguments as train_arguments
 from trl_entropy import EntropyGRPOConfig
+from trl_entropy.demo.arguments import DemoArguments, run_settings
+from trl_entropy.demo.run import run_demo, write_outputs
+from trl_entropy.demo.summary import interval_summaries
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.report import write_report
 from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, cpu_path, toy_training_set
@@ -29,20 +33,12 @@ from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, cpu_path, to
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
-DEMO = ROOT / "examples" / "entropy_collapse_demo.py"
 TINY = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
 # A metric only the method logs (the first it declares; the base's own for plain GRPO): the run went through that
 # method's trainer and settings.
 METHOD_METRIC = {
     name: method.metrics[0].key if method.metrics else "entropy/cov_logp_adv" for name, method in METHODS.items()
 }
-
-
-def load_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +48,6 @@ def toy_cache():
 
     build_toy_policy(seed=0, cache_dir=TOY_CACHE)
     return str(TOY_CACHE)
-
-
-@pytest.fixture(scope="module")
-def train_module():
-    return load_module(TRAIN, "train_example")
 
 
 def logged_metrics(output: str) -> dict[str, str]:
@@ -254,13 +245,13 @@ def error_case_folder(tmp_path):
 
 
 @pytest.mark.parametrize("case", list(CLI_ERRORS))
-def test_train_command_line_errors(case, train_module, error_case_folder, toy_model_path, capsys, monkeypatch):
+def test_train_command_line_errors(case, error_case_folder, toy_model_path, capsys, monkeypatch):
     """A usage line and one message, exit status 2, before anything is loaded or trained (as on a machine without a
     GPU, whatever this one has)."""
-    monkeypatch.setattr(train_module, "bf16_accelerator_available", lambda: False)
+    monkeypatch.setattr(train_arguments, "bf16_accelerator_available", lambda: False)
     arguments, message = CLI_ERRORS[case]
     with pytest.raises(SystemExit) as exit_info:
-        train_module.main(fill(arguments, error_case_folder, toy_model_path))
+        train_script.main(fill(arguments, error_case_folder, toy_model_path))
     assert exit_info.value.code == 2
     printed = capsys.readouterr()
     assert printed.err.startswith("usage: ") and printed.out == ""
@@ -289,9 +280,10 @@ PRECISION = [
 
 
 @pytest.mark.parametrize(("flags", "gpu", "bf16", "notice"), PRECISION)
-def test_train_precision_without_a_bf16_gpu(flags, gpu, bf16, notice, train_module, toy_model_path, monkeypatch):
-    monkeypatch.setattr(train_module, "bf16_accelerator_available", lambda: gpu)
-    parser, _, training_args, _ = train_module.parse_arguments(["--model_name_or_path", toy_model_path, *flags])
+def test_train_precision_without_a_bf16_gpu(flags, gpu, bf16, notice, toy_model_path, monkeypatch):
+    monkeypatch.setattr(train_arguments, "bf16_accelerator_available", lambda: gpu)
+    arguments = ["--model_name_or_path", toy_model_path, *flags]
+    parser, _, training_args, _ = train_arguments.parse_arguments(arguments, prog="train.py")
     assert training_args.bf16 is bf16
     assert parser.notices == ([notice] if notice else [])
 
@@ -310,13 +302,13 @@ OUTPUT_DIRS = [
 
 
 @pytest.mark.parametrize(("arguments", "output_dir"), OUTPUT_DIRS)
-def test_train_default_output_dir_per_kind_of_run(arguments, output_dir, train_module, monkeypatch):
+def test_train_default_output_dir_per_kind_of_run(arguments, output_dir, monkeypatch):
     monkeypatch.chdir(ROOT)
-    _, _, training_args, _ = train_module.parse_arguments(arguments)
+    _, _, training_args, _ = train_arguments.parse_arguments(arguments)
     assert training_args.output_dir == output_dir
 
 
-def test_examples_hide_only_known_upstream_warnings(train_module, tmp_path):
+def test_examples_hide_only_known_upstream_warnings(tmp_path):
     """The real upstream deprecation warning (TRL's config construction) is hidden; the same words under another
     category, and any other message, still show."""
     message = "`gradient_checkpointing` is deprecated"
@@ -326,7 +318,7 @@ def test_examples_hide_only_known_upstream_warnings(train_module, tmp_path):
     assert any(message in str(item.message) and item.category is FutureWarning for item in before)
     with warnings.catch_warnings(record=True) as after:
         warnings.simplefilter("always")
-        train_module.hide_known_upstream_noise()
+        train_script.hide_known_upstream_noise()
         EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
         warnings.warn(message, UserWarning, stacklevel=1)
         warnings.warn("clip_cov_ratio has no effect", FutureWarning, stacklevel=1)
@@ -338,9 +330,9 @@ def test_examples_hide_only_known_upstream_warnings(train_module, tmp_path):
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_train_help_shows_the_method_first(method, train_module, capsys):
+def test_train_help_shows_the_method_first(method, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train_module.main(["--method", method, "--help"])
+        train_script.main(["--method", method, "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     titles = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
@@ -360,17 +352,17 @@ def test_train_help_shows_the_method_first(method, train_module, capsys):
         assert f"  --{name} " in own, name
     # Every option of the parser is listed exactly once (an option's line starts with its first flag).
     listed = [line.split()[0].rstrip(",") for line in text.splitlines() if line.startswith("  -")]
-    parser = train_module.build_parser(["--method", method])
+    parser = train_arguments.build_parser(["--method", method])
     assert sorted(listed) == sorted(action.option_strings[0] for action in parser._actions)
 
 
-def test_train_toy_defaults_apply_only_without_a_model(train_module):
-    _, _, toy_args, _ = train_module.parse_arguments(["--method", "repo_d"])
+def test_train_toy_defaults_apply_only_without_a_model():
+    _, _, toy_args, _ = train_arguments.parse_arguments(["--method", "repo_d"])
     for name, value in TOY_TRAINING_DEFAULTS.items():
         assert getattr(toy_args, name) == value, name
     assert toy_args.repo_variant == "D"
     real = ["--method", "grpo", "--model_name_or_path", "some/model", "--output_dir", "out", "--use_cpu"]
-    _, _, real_args, model_args = train_module.parse_arguments(real)
+    _, _, real_args, model_args = train_arguments.parse_arguments(real)
     assert real_args.learning_rate == 1e-6  # TRL's own default, not the toy recipe's
     assert model_args.model_name_or_path == "some/model"
 
@@ -386,11 +378,10 @@ def test_toy_training_set_repeats_a_fixed_pool():
 
 
 def test_demo_produces_table_history_and_png(toy_cache, tmp_path, capsys):
-    demo = load_module(DEMO, "entropy_collapse_demo")
-    arguments = demo.DemoArguments(
+    arguments = DemoArguments(
         output_dir=str(tmp_path / "demo"), methods=["grpo", "aent"], max_steps=2, toy_policy_cache=toy_cache
     )
-    summaries = demo.main(arguments)
+    summaries = run_demo(arguments)
     printed = capsys.readouterr().out
     table = printed[printed.index("run ") :]
     for header in ("H step 1", "H min", "H final", "reward last 10%", "held-out success", "wall s"):
@@ -441,7 +432,7 @@ def test_demo_produces_table_history_and_png(toy_cache, tmp_path, capsys):
     assert table.startswith("Means and 95 % intervals (one seed:") and "needs --full (5 seeds)" in table
     assert "| Δ pass@16 vs grpo |" in table
     (tmp_path / "demo" / "table.md").unlink()
-    again = demo.write_outputs(str(tmp_path / "demo" / "history.json"))
+    again = write_outputs(str(tmp_path / "demo" / "history.json"))
     assert json.dumps(again, sort_keys=True) == json.dumps(summaries, sort_keys=True)  # NaN laws compare equal
     assert (tmp_path / "demo" / "table.md").read_text() == table
 
@@ -458,7 +449,6 @@ def hand_made_run(entropies: list[float], rewards: list[float], counts_a: list[i
 def test_demo_intervals_are_the_bootstrap_of_each_problem_and_seed():
     from trl_entropy.evaluation import bootstrap_difference, bootstrap_mean
 
-    demo = load_module(DEMO, "entropy_collapse_demo")
     counts = {"grpo": [[0, 1, 4], [2, 0, 0]], "repo_r": [[1, 1, 4], [3, 0, 2]]}
     runs = {
         name: [
@@ -467,7 +457,7 @@ def test_demo_intervals_are_the_bootstrap_of_each_problem_and_seed():
         ]
         for name, seeds in counts.items()
     }
-    intervals = demo.interval_summaries(runs, num_samples=4, smoothing=1)
+    intervals = interval_summaries(runs, num_samples=4, smoothing=1)
     fractions = {name: [[c / 4 for c in per_seed] for per_seed in seeds] for name, seeds in counts.items()}
     solved = {name: [[float(c > 0) for c in per_seed] for per_seed in seeds] for name, seeds in counts.items()}
     assert intervals["repo_r"]["pass@1"] == (
@@ -479,36 +469,24 @@ def test_demo_intervals_are_the_bootstrap_of_each_problem_and_seed():
     # Per run: the last value of the 1-step moving average, one per seed.
     interval, expected = intervals["repo_r"]["final_entropy"][0], bootstrap_mean([0.2, 0.3])
     assert (interval.mean, interval.low, interval.high) == pytest.approx((expected.mean, expected.low, expected.high))
-    single = demo.interval_summaries({name: seeds[:1] for name, seeds in runs.items()}, 4, 1)
+    single = interval_summaries({name: seeds[:1] for name, seeds in runs.items()}, 4, 1)
     interval, difference = single["repo_r"]["final_entropy"]
     assert interval.mean == pytest.approx(0.2) and math.isnan(interval.low) and math.isnan(interval.high)
     assert difference.mean == pytest.approx(0.0) and math.isnan(difference.low) and math.isnan(difference.high)
 
 
 def test_demo_rejects_bad_runs(tmp_path):
-    demo = load_module(DEMO, "entropy_collapse_demo")
     with pytest.raises(ValueError, match="unknown run 'nope'"):
-        demo.main(demo.DemoArguments(output_dir=str(tmp_path), methods=["grpo", "nope"], toy_policy_cache=None))
+        run_demo(DemoArguments(output_dir=str(tmp_path), methods=["grpo", "nope"], toy_policy_cache=None))
     (tmp_path / "unfair.yaml").write_text("method: grpo\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match=r"sets \['learning_rate'\], which the demo keeps equal"):
-        demo.run_settings("unfair", demo.DemoArguments(configs_dir=str(tmp_path)))
+        run_settings("unfair", DemoArguments(configs_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="max_steps must be at least 1, got 0"):
-        demo.DemoArguments(max_steps=0)
+        DemoArguments(max_steps=0)
     older = {"all_seeds": {"0": {"grpo": {"1": {"pass_at_k": {}}}}}, "initial_evaluations": {}}
     (tmp_path / "history.json").write_text(json.dumps(older))
     with pytest.raises(ValueError, match="does not hold each held-out problem's correct count .* run the demo again"):
-        demo.write_outputs(str(tmp_path / "history.json"))
-
-
-def test_moving_average_against_a_direct_sum():
-    demo = load_module(DEMO, "entropy_collapse_demo")
-    values = [0.5, 0.1, 0.9, 0.3, 0.7, 0.2]
-    for window in (1, 2, 4, 10):
-        expected = [
-            sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
-            for i in range(len(values))
-        ]
-        assert demo.moving_average(values, window) == pytest.approx(expected)
+        write_outputs(str(tmp_path / "history.json"))
 
 
 def write_jsonl(folder: Path, rows: list[dict]) -> str:
@@ -529,18 +507,18 @@ def test_train_real_model_on_a_local_math_dataset(cli_runs):
     assert (folder / "out_real" / "model.safetensors").exists()
 
 
-def test_real_math_dataset_reads_gsm8k_and_math_columns(train_module, tmp_path):
+def test_real_math_dataset_reads_gsm8k_and_math_columns(tmp_path):
     gsm = write_jsonl(tmp_path / "gsm", [{"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}])
     math = write_jsonl(tmp_path / "math", [{"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}])
     other = write_jsonl(tmp_path / "other", [{"text": "no answer column"}])
 
-    gsm_rows = train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=gsm))
-    assert gsm_rows[0]["prompt"] == [{"role": "user", "content": "What is 2+3?" + train_module.INSTRUCTION}]
+    gsm_rows = train_script.real_math_dataset(train_arguments.TrainScriptArguments(dataset_name=gsm))
+    assert gsm_rows[0]["prompt"] == [{"role": "user", "content": "What is 2+3?" + train_script.INSTRUCTION}]
     assert gsm_rows[0]["answer"] == "5"
-    math_rows = train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=math))
+    math_rows = train_script.real_math_dataset(train_arguments.TrainScriptArguments(dataset_name=math))
     assert math_rows[0]["answer"] == "\\frac{1}{2}"
     with pytest.raises(ValueError, match="reads 'question'/'answer'"):
-        train_module.real_math_dataset(train_module.TrainScriptArguments(dataset_name=other))
+        train_script.real_math_dataset(train_arguments.TrainScriptArguments(dataset_name=other))
 
 
 @pytest.mark.parametrize(
@@ -551,6 +529,6 @@ def test_real_math_dataset_reads_gsm8k_and_math_columns(train_module, tmp_path):
         (["--output_dir", "/elsewhere/run", "--toy_policy_cache", "/cache"], "/cache"),
     ],
 )
-def test_the_toy_policy_is_cached_where_the_run_saves(train_module, arguments, expected):
-    _, script_args, _, _ = train_module.parse_arguments(["--method", "aent", *arguments])
+def test_the_toy_policy_is_cached_where_the_run_saves(arguments, expected):
+    _, script_args, _, _ = train_arguments.parse_arguments(["--method", "aent", *arguments])
     assert script_args.toy_policy_cache == expected

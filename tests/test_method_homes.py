@@ -124,7 +124,6 @@ NOT_YET_HOME: dict[str, list[str]] = {
     "tests/test_vllm.py": ["aent"],
     "trl_entropy/core/config.py": ["AEntConfig", "ClipCovConfig"],
     "trl_entropy/methods/cov_selection.py": ["ClipCovConfig", "KLCovConfig", "clip_cov", "kl_cov"],
-    "trl_entropy/report.py": ["aent"],
 }
 
 

@@ -35,7 +35,9 @@ from trl_entropy import (
     REPOConfig,
     REPOTrainer,
 )
-from trl_entropy.report import controller_panels, main, moving_average, read_run, write_report
+from trl_entropy.cli import main as trl_entropy_command
+from trl_entropy.report import controller_panels, moving_average, read_run, write_report
+from trl_entropy.scripts.report import main
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -269,7 +271,7 @@ def test_folders_without_a_log_history_are_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit) as exit_info:
-        main(["report", str(empty)])
+        trl_entropy_command(["report", str(empty)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"{empty}: no log history: looked for {empty / 'trainer_state.json'} and " in error
@@ -294,7 +296,7 @@ def test_folders_without_a_log_history_are_errors(tmp_path, capsys):
 
 def test_command_line_output_folder_and_smoothing(tmp_path, capsys):
     run = write_state(tmp_path / "run", synthetic_history(num_steps=30, pass_at_k_every=0))
-    assert main(["report", str(run), "--output", str(tmp_path / "out"), "--smoothing", "3"]) == 0
+    assert trl_entropy_command(["report", str(run), "--output", str(tmp_path / "out"), "--smoothing", "3"]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {tmp_path / 'out' / 'report.png'} and {tmp_path / 'out' / 'report.md'}" in printed
     assert "trl-entropy report: pass@k: left out, the run did not log eval/pass@k" in printed
@@ -312,7 +314,7 @@ def test_the_plot_extra_and_the_console_script_are_declared():
     }
     assert keywords["extras_require"]["plot"] == ["matplotlib"]
     assert "matplotlib" in keywords["extras_require"]["dev"]  # the tests draw
-    assert "trl-entropy = trl_entropy.report:main" in keywords["entry_points"]["console_scripts"]
+    assert "trl-entropy = trl_entropy.cli:main" in keywords["entry_points"]["console_scripts"]
     readme = (ROOT / "README.md").read_text()
     assert 'pip install -e ".[plot]"' in readme
 
@@ -342,13 +344,18 @@ def test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra(tmp_pa
     demo, demo_time = run_without_matplotlib(
         [str(ROOT / "examples" / "entropy_collapse_demo.py"), "--output_dir", str(demo_dir)], tmp_path
     )
-    for result in (report, demo):
+    command, command_time = run_without_matplotlib(
+        ["-m", "trl_entropy.cli", "demo", "--output_dir", str(demo_dir)], tmp_path
+    )
+    for result in (report, demo, command):
         assert result.returncode == 2, result.stderr[-2000:]
         assert "Install the 'plot' extra: pip install -e \".[plot]\"" in result.stderr
         assert "No module named 'matplotlib'" in result.stderr and "Traceback" not in result.stderr
+    assert demo.stderr.startswith("entropy_collapse_demo.py: error: the demo draws its curves with matplotlib")
+    assert command.stderr.startswith("trl-entropy demo: error: the demo draws its curves with matplotlib")
     assert not (run / "report.md").exists() and not demo_dir.exists()  # stopped before reading or training
     # The demo checks before its first heavy import; the report after `import trl_entropy` (torch, TRL).
-    assert demo_time < 20 and report_time < 60
+    assert demo_time < 20 and command_time < 20 and report_time < 60
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -462,7 +469,7 @@ def test_report_on_a_real_run(name, trained_runs):
 
 def test_report_on_several_runs(trained_runs, tmp_path, capsys):
     folders = [str(trained_runs[name][0]) for name in RUNS]
-    assert main(["report", *folders, "--output", str(tmp_path / "all")]) == 0
+    assert trl_entropy_command(["report", *folders, "--output", str(tmp_path / "all")]) == 0
     printed = capsys.readouterr().out
     drawn = printed.splitlines()[0]
     for title in [ENTROPY_PANEL, REWARD_PANEL, *(TITLES[RUNS[name][3]] for name in RUNS if RUNS[name][3])]:
@@ -515,7 +522,7 @@ def test_report_reads_the_demo_folder_as_one_seeds_runs(tmp_path, capsys):
     demo = write_demo_folder(tmp_path / "demo")
     seed = demo / "seed0"
     for folder in (demo, seed):
-        assert main(["report", str(folder)]) == 0
+        assert trl_entropy_command(["report", str(folder)]) == 0
         printed = capsys.readouterr().out
         assert (
             f"trl-entropy report: read {seed}: the demo's phase-1 runs (grpo, aent) and the start policy's evaluation "
@@ -545,7 +552,7 @@ def test_report_reads_the_demo_folder_as_one_seeds_runs(tmp_path, capsys):
 def test_report_names_the_seed_folders_of_a_demo_with_several(tmp_path, capsys):
     demo = write_demo_folder(tmp_path / "demo", seeds=(0, 1, 2))
     with pytest.raises(SystemExit) as exit_info:
-        main(["report", str(demo)])
+        trl_entropy_command(["report", str(demo)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert (
@@ -553,5 +560,5 @@ def test_report_names_the_seed_folders_of_a_demo_with_several(tmp_path, capsys):
         f"{demo / 'seed0'}, {demo / 'seed1'}, {demo / 'seed2'} (e.g. trl-entropy report {demo / 'seed0'})" in error
     )
     assert not list(demo.rglob("report.md"))
-    assert main(["report", str(demo / "seed2")]) == 0
+    assert trl_entropy_command(["report", str(demo / "seed2")]) == 0
     assert (demo / "seed2" / "report.md").is_file()

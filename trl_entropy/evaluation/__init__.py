@@ -12,6 +12,8 @@ _PUBLIC = {
     "bootstrap_mean": ".bootstrap",
     "resampled_means": ".bootstrap",
     "EntropyLawCallback": ".entropy_law",
+    "EntropyLawFit": ".entropy_law",
+    "entropy_law_fit": ".entropy_law",
     "fit_entropy_law": ".entropy_law",
     "PassAtKCallback": ".passk",
     "count_correct": ".passk",

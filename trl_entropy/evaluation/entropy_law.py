@@ -1,7 +1,8 @@
 """The entropy–reward law ``R = −a·exp(H) + b`` of Cui et al., "The Entropy Mechanism of Reinforcement Learning for
-Reasoning Language Models", arXiv:2505.22617, eq. 6, fitted on logged (entropy, reward) pairs: :func:`fit_entropy_law`
-and :class:`EntropyLawCallback`. Its predicted ceiling ``R(H = 0) = b − a`` is what the policy reaches once its entropy
-is spent. The callback works with ``trl.GRPOTrainer`` and every trainer of this library.
+Reasoning Language Models", arXiv:2505.22617, eq. 6, fitted on logged (entropy, reward) pairs: :func:`fit_entropy_law`,
+:func:`entropy_law_fit` (with R², or why there is no fit) and :class:`EntropyLawCallback`. Its predicted ceiling
+``R(H = 0) = b − a`` is what the policy reaches once its entropy is spent. The callback works with
+``trl.GRPOTrainer`` and every trainer of this library.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from transformers import Trainer, TrainerCallback
 from .counts import as_count
 
 
-__all__ = ["EntropyLaw", "EntropyLawCallback", "fit_entropy_law"]
+__all__ = ["EntropyLaw", "EntropyLawCallback", "EntropyLawFit", "entropy_law_fit", "fit_entropy_law"]
 
 
 # A fit needs this many (entropy, reward) points, and this spread of exp(H): the standard deviation of exp(H) over
@@ -42,15 +43,26 @@ class EntropyLaw:
         return self.b - self.a * np.exp(entropy)
 
 
-def fit_entropy_law(
+@dataclass(frozen=True)
+class EntropyLawFit:
+    """The law fitted on ``num_pairs`` (entropy, reward) pairs with its R² (``None`` when the rewards do not vary), or
+    ``law=None`` and the ``reason`` the fit is not well posed."""
+
+    num_pairs: int
+    law: EntropyLaw | None = None
+    r_squared: float | None = None
+    reason: str | None = None
+
+
+def entropy_law_fit(
     entropies,
     rewards,
     *,
     min_points: int = ENTROPY_LAW_MIN_POINTS,
     min_relative_spread: float = ENTROPY_LAW_MIN_RELATIVE_SPREAD,
-) -> EntropyLaw | None:
+) -> EntropyLawFit:
     """Least-squares fit of ``R = −a·exp(H) + b`` (linear in ``x = exp(H)``) to paired ``entropies`` and
-    ``rewards``; ``None`` when the fit is not well posed.
+    ``rewards``, with its R² on the points fitted, or the reason the fit is not well posed.
 
     Well posed means: at least ``min_points`` finite pairs (non-finite pairs are dropped), and ``std(x) / mean(x)
     >= min_relative_spread`` (about the standard deviation of ``H`` in nats; 0.01 by default). With every point at
@@ -62,13 +74,35 @@ def fit_entropy_law(
         raise ValueError(f"entropies and rewards must pair up, got {entropies.size} and {rewards.size} values")
     finite = np.isfinite(entropies) & np.isfinite(rewards)
     x, y = np.exp(entropies[finite]), rewards[finite]
-    if x.size < min_points or not np.all(np.isfinite(x)):
-        return None
+    if x.size < min_points:
+        reason = f"{x.size} (entropy, reward) point{'s' * (x.size != 1)}, the fit needs {min_points}"
+        return EntropyLawFit(int(x.size), reason=reason)
+    if not np.all(np.isfinite(x)):
+        return EntropyLawFit(int(x.size), reason="exp(H) overflows: an entropy above 709 nats")
     if x.std() < min_relative_spread * x.mean():
-        return None
+        reason = (
+            f"the entropy barely varies (std of exp(H) is {x.std() / x.mean():.2%} of its mean, the fit needs "
+            f"{min_relative_spread:.0%})"
+        )
+        return EntropyLawFit(int(x.size), reason=reason)
     centred = x - x.mean()
     slope = float(np.dot(centred, y - y.mean()) / np.dot(centred, centred))
-    return EntropyLaw(a=-slope, b=float(y.mean() - slope * x.mean()), num_points=int(x.size))
+    law = EntropyLaw(a=-slope, b=float(y.mean() - slope * x.mean()), num_points=int(x.size))
+    residual = y - law.predict(entropies[finite])
+    total = float(np.sum((y - y.mean()) ** 2))
+    r_squared = 1.0 - float(np.sum(residual**2)) / total if total > 0 else None
+    return EntropyLawFit(int(x.size), law=law, r_squared=r_squared)
+
+
+def fit_entropy_law(
+    entropies,
+    rewards,
+    *,
+    min_points: int = ENTROPY_LAW_MIN_POINTS,
+    min_relative_spread: float = ENTROPY_LAW_MIN_RELATIVE_SPREAD,
+) -> EntropyLaw | None:
+    """The law of :func:`entropy_law_fit` (same arguments), ``None`` when the fit is not well posed."""
+    return entropy_law_fit(entropies, rewards, min_points=min_points, min_relative_spread=min_relative_spread).law
 
 
 class EntropyLawCallback(TrainerCallback):

@@ -1,0 +1,11 @@
+"""The entropy-collapse demo behind ``trl-entropy demo`` (examples/entropy_collapse_demo.py describes what it runs):
+
+* :mod:`.arguments`: the demo's flags, its two tasks, each run's settings from its YAML config;
+* :mod:`.jobs`: one job, training and evaluating one policy;
+* :mod:`.scheduler` and :mod:`.worker`: the jobs in this process or in worker processes;
+* :mod:`.summary` and :mod:`.tables`: the runs' summaries, the bootstrap intervals, the tables;
+* :mod:`.figure`: ``entropy_collapse.png``;
+* :mod:`.provenance`: versions, machine and commit in ``history.json``;
+* :mod:`.run`: the whole demo (:func:`~trl_entropy.demo.run.run_demo`) and the outputs computed from ``history.json``
+  (:func:`~trl_entropy.demo.run.write_outputs`).
+"""

@@ -1,0 +1,107 @@
+"""Running the demo's jobs: in this process (one worker) or in worker processes that stay up and take one job after
+another (:mod:`trl_entropy.demo.worker`), with a progress bar over the optimizer steps."""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import asdict
+from pathlib import Path
+
+from .arguments import TASK_A, TASK_B
+from .jobs import Job, run_job
+
+
+def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
+    """Run ``jobs`` and, as each one finishes, the job ``after`` it (phase 2 of a phase-1 run), ``workers`` at a
+    time, with a progress bar over the optimizer steps; returns the results by job key."""
+    from tqdm.auto import tqdm
+
+    total = sum(job.steps for job in jobs) + sum(job.steps for job in after.values())
+    bar = tqdm(total=total, unit="step", desc="training", dynamic_ncols=True)
+    results: dict[str, dict] = {}
+
+    def finish(job: Job, result: dict) -> None:
+        results[job.key] = result
+        line = f"[demo] {job.key}: {job.steps} steps in {result['wall_time_s']:.0f} s"
+        if job.phase:
+            line += f", task-A pass@1 {result['pass_at_k'][TASK_A]['1']:.3f}"
+        bar.write(line + f", task-B pass@1 {result['pass_at_k'][TASK_B]['1']:.3f}")
+
+    pending = list(jobs)
+    if workers == 1:
+        while pending:
+            job = pending.pop(0)
+            finish(job, run_job(job, report=lambda: bar.update(1)))
+            if job.key in after:
+                pending.insert(0, after[job.key])
+        bar.close()
+        return results
+
+    # Worker processes stay up and take one job after another (a job file's path on their stdin), so the imports are
+    # paid once per worker; each prints "step" per optimizer step and "done" per job.
+    events: queue.Queue = queue.Queue()
+    log_dir = os.path.join(output_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    # The workers import the same trl_entropy as this process, wherever it was imported from.
+    package_root = str(Path(__file__).resolve().parents[2])
+    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=python_path)
+    processes, assigned = [], {}
+
+    def watch(index: int, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            if line.strip() in ("step", "done"):
+                events.put((line.strip(), index))
+        events.put(("exit", index, process.wait()))
+
+    for index in range(min(workers, len(jobs))):
+        with open(os.path.join(log_dir, f"worker{index}.txt"), "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "trl_entropy.demo.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+            )
+        processes.append(process)
+        threading.Thread(target=watch, args=(index, process), daemon=True).start()
+    idle = list(range(len(processes)))
+    try:
+        while pending or assigned:
+            while pending and idle:
+                index, job = idle.pop(0), pending.pop(0)
+                os.makedirs(job.output_dir, exist_ok=True)
+                with open(job.job_path, "w") as file:
+                    json.dump(asdict(job), file)
+                processes[index].stdin.write(job.job_path + "\n")
+                processes[index].stdin.flush()
+                assigned[index] = job
+            kind, index, *code = events.get()
+            if kind == "step":
+                bar.update(1)
+            elif kind == "exit":  # a worker only exits by itself when a job fails
+                with open(os.path.join(log_dir, f"worker{index}.txt")) as log:
+                    tail = log.read()[-3000:]
+                job = assigned.get(index)
+                raise RuntimeError(
+                    f"{job.key if job else 'a worker'} failed (exit code {code[0]}); its log ends:\n{tail}"
+                )
+            else:
+                job = assigned.pop(index)
+                idle.append(index)
+                with open(job.result_path) as file:
+                    finish(job, json.load(file))
+                if job.key in after:
+                    pending.insert(0, after[job.key])
+    finally:
+        bar.close()
+        for process in processes:
+            if assigned:  # stopped by an error: do not wait for the other jobs
+                process.kill()
+            process.stdin.close()
+            process.wait()
+    return results
