@@ -2,7 +2,7 @@
 
 import math
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import ClassVar
 
 from transformers.utils import logging
@@ -16,14 +16,111 @@ KERNEL_BACKENDS = ("auto", "torch", "triton")
 logger = logging.get_logger(__name__)
 
 
-def is_finite_number(value) -> bool:
-    """True for a finite int or float (bools, NaN and infinities excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field accepts: from ``low`` to ``high``, ``ends`` saying which ends belong ("[]", "[)", "(]" or
+    "()"). ``integer``: ints only. ``finite``: infinities refused. Bools and NaN are never numbers here."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    ends: str = "[]"
+    integer: bool = False
+    finite: bool = True
+
+    def holds(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        if math.isnan(value) or (self.finite and math.isinf(value)):
+            return False
+        above = value >= self.low if self.ends[0] == "[" else value > self.low
+        below = value <= self.high if self.ends[1] == "]" else value < self.high
+        return above and below
+
+    def __str__(self) -> str:
+        kind = "an integer" if self.integer else "a finite number" if self.finite else "a number (infinities allowed)"
+        if self.low == -math.inf and self.high == math.inf:
+            return kind
+        if self.high == math.inf:
+            return f"{kind} {'>=' if self.ends[0] == '[' else '>'} {self.low:g}"
+        if self.low == -math.inf:
+            return f"{kind} {'<=' if self.ends[1] == ']' else '<'} {self.high:g}"
+        return f"{kind} in {self.ends[0]}{self.low:g}, {self.high:g}{self.ends[1]}"
 
 
-def is_integer(value) -> bool:
-    """True for an int (bools excluded)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+@dataclass(frozen=True)
+class Rule:
+    """What one field accepts: a number in ``valid``, one of ``choices``, or a bool (``flag``); ``None`` too where
+    ``none_means`` says what it means. ``note`` ends the error message (why the rule is there)."""
+
+    valid: Range | None = None
+    choices: tuple | None = None
+    flag: bool = False
+    none_means: str | None = None
+    note: str = ""
+
+    def accepts(self, value) -> bool:
+        if value is None and self.none_means is not None:
+            return True
+        if self.flag:
+            return isinstance(value, bool)
+        if self.choices is not None:
+            return isinstance(value, str) and value in self.choices
+        return self.valid.holds(value)
+
+    def __str__(self) -> str:
+        what = "True or False" if self.flag else f"one of {list(self.choices)}" if self.choices else str(self.valid)
+        if self.none_means is not None:
+            what += f", or None {self.none_means}"
+        return f"{what} {self.note}" if self.note else what
+
+    def check(self, name: str, value) -> None:
+        if not self.accepts(value):
+            raise ValueError(f"{name}={value!r} is invalid: it must be {self}.")
+
+
+# Each config field declared with `config_field` -> its rule. The rule stays out of the field's metadata: TRL's
+# argument parser hands every metadata key to argparse, which refuses keys it does not know.
+FIELD_RULES: dict[Field, Rule] = {}
+STRICTER = "(stricter than trl.GRPOConfig, which accepts it and then fails or trains nothing)"
+# Values of TRL's own fields that TRL accepts (or rejects quoting another number) but that cannot train.
+TRL_FIELD_RULES: dict[str, Rule] = {
+    "num_iterations": Rule(Range(1, integer=True), note=STRICTER),
+    "epsilon": Rule(Range(0), note=STRICTER),
+    "epsilon_high": Rule(Range(0), none_means="(epsilon_high = epsilon)", note=STRICTER),
+    "beta": Rule(Range(0), note=STRICTER),
+    "top_entropy_quantile": Rule(Range(0, 1)),
+}
+
+
+def config_field(
+    default,
+    help: str,
+    *,
+    valid: Range | None = None,
+    choices: tuple[str, ...] | None = None,
+    none_means: str | None = None,
+    note: str = "",
+):
+    """A config field with its ``help`` and the values it accepts: a bool default makes a flag (True or False), a
+    ``valid`` range a number, ``choices`` a string (the command line lists them too)."""
+    metadata = {"help": help} | ({"choices": list(choices)} if choices else {})
+    declared = field(default=default, metadata=metadata)
+    if isinstance(default, bool) or valid is not None or choices is not None:
+        FIELD_RULES[declared] = Rule(valid, choices, isinstance(default, bool), none_means, note)
+    return declared
+
+
+def field_rule(config_class: type, name: str) -> Rule | None:
+    """The rule of ``config_class``'s field ``name``: its own, or ours for TRL's field; None where there is none."""
+    return FIELD_RULES.get(config_class.__dataclass_fields__[name]) or TRL_FIELD_RULES.get(name)
+
+
+def validate_fields(config) -> None:
+    """Every field with a rule holds a value the rule accepts; the error names the field, the value and the rule."""
+    for declared in fields(config):
+        rule = field_rule(type(config), declared.name)
+        if rule is not None:
+            rule.check(declared.name, getattr(config, declared.name))
 
 
 def reject_trl_entropy_bonus(config, method: str) -> None:
@@ -56,45 +153,22 @@ def warn_if_on_policy(config, subject: str, consequence: str, acts: str, stackle
         )
 
 
-def validate_entropy_target(name: str, value) -> None:
-    """A method's entropy target: a positive finite number of nats, or None (measured on the first cycle)."""
-    if value is not None and not (is_finite_number(value) and value > 0):
-        raise ValueError(
-            f"{name} must be a positive finite number of nats, or None to measure it on the first generation cycle; "
-            f"got {value!r}."
-        )
-
-
-def validate_fraction(name: str, value) -> None:
-    """A fraction of the valid tokens: a number in (0, 1]."""
-    if not (is_finite_number(value) and 0 < value <= 1):
-        raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1] (a fraction of the valid tokens).")
-
-
-def validate_grpo_values(config) -> None:
-    """Values of TRL's own fields that TRL accepts (or rejects quoting another number) but that cannot train: checked
-    here first, so the error names the field and the value given. Some of these checks are stricter than TRL's."""
-    stricter = "(stricter than trl.GRPOConfig, which accepts it and then fails or trains nothing)"
-    iterations = config.num_iterations
-    if not (is_integer(iterations) and iterations >= 1):
-        raise ValueError(f"num_iterations={iterations!r} is invalid: it must be an integer >= 1 {stricter}.")
-    for name in ("epsilon", "epsilon_high", "beta"):
-        value = getattr(config, name)
-        if name == "epsilon_high" and value is None:  # None: epsilon_high = epsilon
-            continue
-        if not (is_finite_number(value) and value >= 0):
-            raise ValueError(f"{name}={value!r} is invalid: it must be a finite number >= 0 {stricter}.")
-    quantile = config.top_entropy_quantile
-    if not (is_finite_number(quantile) and 0 <= quantile <= 1):
-        raise ValueError(f"top_entropy_quantile={quantile!r} is invalid: it must be in [0, 1].")
+def validate_eval_batch(config) -> None:
+    """Every evaluation batch holds whole groups (TRL accepts a batch that splits one)."""
     generations = config.num_generations_eval or config.num_generations
     evaluates = config.eval_strategy not in ("no", None) or config.do_eval
     eval_batch = config.per_device_eval_batch_size
     if evaluates and isinstance(generations, int) and generations > 0 and eval_batch % generations:
         raise ValueError(
             f"per_device_eval_batch_size={eval_batch!r} is invalid: it must be a multiple of num_generations_eval "
-            f"(or num_generations) = {generations}, so that every evaluation batch holds whole groups {stricter}."
+            f"(or num_generations) = {generations}, so that every evaluation batch holds whole groups {STRICTER}."
         )
+
+
+# The entropy target of a controller (REPO's, ADAPO's): a positive number of nats, or measured.
+ENTROPY_TARGET = dict(valid=Range(0, ends="(]"), none_means="to measure it on the first generation cycle")
+# A fraction of the valid tokens (a covariance selection's size).
+TOKEN_FRACTION = dict(valid=Range(0, 1, "(]"), note="(a fraction of the valid tokens)")
 
 
 @dataclass
@@ -103,7 +177,7 @@ class EntropyGRPOConfig(GRPOConfig):
     Configuration for [`EntropyGRPOTrainer`]: every field of [`~trl.GRPOConfig`] plus the entropy kernel's settings.
 
     With no entropy control switched on, the trainer computes exactly `trl.GRPOTrainer`'s loss. The methods'
-    configs (`AEntConfig`, `ClipCovConfig`, ...) subclass this one.
+    configs subclass this one.
 
     Parameters:
         entropy_kernel_chunk_size (`int` or `None`, *optional*, defaults to `None`):
@@ -122,32 +196,30 @@ class EntropyGRPOConfig(GRPOConfig):
     # True where the method moves the clip range itself (and warns about on-policy training in its own words).
     controls_clip_range: ClassVar[bool] = False
 
-    entropy_kernel_chunk_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens per chunk of the fused log-prob/entropy kernel. None lets the kernel choose from the "
-            "vocabulary size; smaller values lower the peak memory."
-        },
+    entropy_kernel_chunk_size: int | None = config_field(
+        None,
+        "Tokens per chunk of the fused log-prob/entropy kernel. None lets the kernel choose from the vocabulary size; "
+        "smaller values lower the peak memory.",
+        valid=Range(1, integer=True),
+        none_means="(the kernel chooses from the vocabulary size)",
     )
-    entropy_kernel_backend: str = field(
-        default="auto",
-        metadata={
-            "help": "Backend of the fused log-prob/entropy kernel: 'auto' (Triton on CUDA, PyTorch elsewhere), "
-            "'torch' or 'triton'.",
-            "choices": list(KERNEL_BACKENDS),
-        },
+    entropy_kernel_backend: str = config_field(
+        "auto",
+        "Backend of the fused log-prob/entropy kernel: 'auto' (Triton on CUDA, PyTorch elsewhere), 'torch' or "
+        "'triton'.",
+        choices=KERNEL_BACKENDS,
     )
-    entropy_control_fresh_start: bool = field(
-        default=False,
-        metadata={
-            "help": "Resume from a checkpoint written by another method (or without entropy-control state): take its "
-            "weights, optimizer and progress, and start this method's controllers and a new generation cycle fresh. "
-            "Off by default: such a resume is refused. See docs/distributed.md (Resuming)."
-        },
+    entropy_control_fresh_start: bool = config_field(
+        False,
+        "Resume from a checkpoint written by another method (or without entropy-control state): take its weights, "
+        "optimizer and progress, and start this method's controllers and a new generation cycle fresh. Off by "
+        "default: such a resume is refused. See docs/distributed.md (Resuming).",
     )
 
     def __post_init__(self):
-        validate_grpo_values(self)
+        # Checked before TRL's own checks, so that the error names the field and the value given.
+        validate_fields(self)
+        validate_eval_batch(self)
         super().__post_init__()
         if self.loss_type not in self.supported_loss_types:
             method = type(self).__name__.removesuffix("Config")
@@ -157,15 +229,6 @@ class EntropyGRPOConfig(GRPOConfig):
                 f"{method} does not support loss_type={self.loss_type!r}{reason}; "
                 f"choose one of {list(self.supported_loss_types)}."
             )
-        if not isinstance(self.entropy_control_fresh_start, bool):
-            raise ValueError(f"entropy_control_fresh_start must be a bool, got {self.entropy_control_fresh_start!r}.")
-        if self.entropy_kernel_backend not in KERNEL_BACKENDS:
-            raise ValueError(
-                f"entropy_kernel_backend={self.entropy_kernel_backend!r} is not one of {list(KERNEL_BACKENDS)}."
-            )
-        chunk_size = self.entropy_kernel_chunk_size
-        if chunk_size is not None and not (is_integer(chunk_size) and chunk_size > 0):
-            raise ValueError(f"entropy_kernel_chunk_size must be a positive integer or None, got {chunk_size!r}.")
         epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high  # None means epsilon
         if (self.epsilon, epsilon_high) != (0.2, 0.2) and not self.controls_clip_range:
             # The clip-low recipe (Park et al., arXiv:2509.26114) acts through the clip, which on-policy never binds.

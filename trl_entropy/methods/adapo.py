@@ -11,15 +11,16 @@ binds where ratios leave 1, so ADAPO acts only off-policy (``num_iterations > 1`
 gradient_accumulation_steps``); on-policy its config warns.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ..core.citation import Paper
 from ..core.config import (
+    ENTROPY_TARGET,
     EntropyGRPOConfig,
-    is_finite_number,
+    Range,
+    config_field,
     reject_trl_entropy_bonus,
-    validate_entropy_target,
     warn_if_on_policy,
 )
 from ..core.control import Controller, EntropyTargetController, entropy_direction
@@ -92,61 +93,50 @@ class ADAPOConfig(EntropyGRPOConfig):
     }
     controls_clip_range: ClassVar[bool] = True  # ADAPO warns about on-policy training itself, in its own words
 
-    epsilon_high: float | None = field(
-        default=0.28,
-        metadata={
-            "help": "Initial upper clip epsilon_high (DAPO's 0.28, paper); ADAPO moves it once per generation cycle. "
-            "`epsilon` (epsilon_low) stays fixed."
-        },
+    epsilon_high: float | None = config_field(
+        0.28,
+        "Initial upper clip epsilon_high (DAPO's 0.28, paper); ADAPO moves it once per generation cycle. `epsilon` "
+        "(epsilon_low) stays fixed.",
+        valid=Range(0),
     )
-    adapo_epsilon_high_step: float = field(
-        default=0.01,
-        metadata={"help": "Step delta of epsilon_high per generation cycle (ours: the paper gives no value)."},
+    adapo_epsilon_high_step: float = config_field(
+        0.01,
+        "Step delta of epsilon_high per generation cycle (ours: the paper gives no value).",
+        valid=Range(0, ends="(]"),
     )
-    adapo_epsilon_high_min: float = field(
-        default=0.1,
-        metadata={"help": "Lower bound of epsilon_high (ours: the paper's range did not survive extraction)."},
+    adapo_epsilon_high_min: float = config_field(
+        0.1,
+        "Lower bound of epsilon_high (ours: the paper's range did not survive extraction).",
+        valid=Range(0),
     )
-    adapo_epsilon_high_max: float = field(
-        default=0.5,
-        metadata={"help": "Upper bound of epsilon_high (ours: the paper's range did not survive extraction)."},
+    adapo_epsilon_high_max: float = config_field(
+        0.5,
+        "Upper bound of epsilon_high (ours: the paper's range did not survive extraction).",
+        valid=Range(),
     )
-    adapo_entropy_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "ADAPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the "
-            "first generation cycle."
-        },
+    adapo_entropy_target: float | None = config_field(
+        None,
+        "ADAPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the first "
+        "generation cycle.",
+        **ENTROPY_TARGET,
     )
 
     def __post_init__(self):
         super().__post_init__()
         reject_trl_entropy_bonus(self, "ADAPO")
-        if not (is_finite_number(self.adapo_epsilon_high_step) and self.adapo_epsilon_high_step > 0):
-            raise ValueError(
-                f"adapo_epsilon_high_step must be a positive finite number, got {self.adapo_epsilon_high_step!r}."
-            )
-        if not (is_finite_number(self.adapo_epsilon_high_min) and self.adapo_epsilon_high_min >= 0):
-            raise ValueError(
-                f"adapo_epsilon_high_min must be a non-negative finite number, got {self.adapo_epsilon_high_min!r}."
-            )
-        high_max = self.adapo_epsilon_high_max
-        if not is_finite_number(high_max) or high_max < self.adapo_epsilon_high_min:
+        if self.adapo_epsilon_high_max < self.adapo_epsilon_high_min:
             raise ValueError(
                 f"adapo_epsilon_high_max must be a finite number >= adapo_epsilon_high_min="
                 f"{self.adapo_epsilon_high_min!r}, got {self.adapo_epsilon_high_max!r}."
             )
-        if not is_finite_number(self.epsilon_high) or not (
-            self.adapo_epsilon_high_min <= self.epsilon_high <= self.adapo_epsilon_high_max
-        ):
+        if not self.adapo_epsilon_high_min <= self.epsilon_high <= self.adapo_epsilon_high_max:
             raise ValueError(
                 f"epsilon_high (ADAPO's initial epsilon_high) must lie in [adapo_epsilon_high_min, "
                 f"adapo_epsilon_high_max] = [{self.adapo_epsilon_high_min!r}, {self.adapo_epsilon_high_max!r}], "
                 f"got {self.epsilon_high!r}."
             )
-        if not (is_finite_number(self.epsilon) and 0 <= self.epsilon < 1):
+        if not (0 <= self.epsilon < 1):
             raise ValueError(f"epsilon (ADAPO's fixed epsilon_low) must lie in [0, 1), got {self.epsilon!r}.")
-        validate_entropy_target("adapo_entropy_target", self.adapo_entropy_target)
         warn_if_on_policy(
             self,
             "ADAPO",

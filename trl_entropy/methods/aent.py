@@ -14,14 +14,14 @@ with ``H̄`` the cycle's token-mean clamped entropy over all its micro-batches a
 bonus averages over the tokens TRL's high-entropy filter keeps, as TRL's own bonus does.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, is_finite_number, is_integer, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.statistics import masked_mean
 from ..core.trainer import EntropyGRPOTrainer
@@ -117,84 +117,65 @@ class AEntConfig(EntropyGRPOConfig):
         aent_adaptive (`bool`, defaults to `True`): move `λ`; `False` keeps `λ = λ_0` (the box is then unused).
     """
 
-    aent_clamp_fraction: float = field(
-        default=0.3,
-        metadata={
-            "help": "AEnt clamp fraction p: the floor(p*V) smallest logits of each position are dropped before the "
-            "clamped entropy is computed; 0 <= p < 1, 0 gives the full entropy. Default: the reference "
-            "implementation (AReaL recipe/AEnt)."
-        },
+    aent_clamp_fraction: float = config_field(
+        0.3,
+        "AEnt clamp fraction p: the floor(p*V) smallest logits of each position are dropped before the clamped "
+        "entropy is computed; 0 <= p < 1, 0 gives the full entropy. Default: the reference implementation (AReaL "
+        "recipe/AEnt).",
+        valid=Range(0, 1, "[)"),
     )
-    aent_coef_init: float = field(
-        default=2e-4,
-        metadata={
-            "help": "Initial coefficient lambda_0 of the clamped-entropy bonus. Must lie in [aent_coef_min, "
-            "aent_coef_max] when aent_adaptive is on; any value >= 0 when it is off. Default: the "
-            "reference implementation (AReaL recipe/AEnt)."
-        },
+    aent_coef_init: float = config_field(
+        2e-4,
+        "Initial coefficient lambda_0 of the clamped-entropy bonus. Must lie in [aent_coef_min, aent_coef_max] when "
+        "aent_adaptive is on; any value >= 0 when it is off. Default: the reference implementation (AReaL "
+        "recipe/AEnt).",
+        valid=Range(0),
     )
-    aent_entropy_low: float = field(
-        default=0.05,
-        metadata={
-            "help": "Lower edge H_low of the clamped-entropy band: while the step's mean clamped entropy is below it, "
-            "the coefficient rises. Default: the reference implementation (AReaL recipe/AEnt)."
-        },
+    aent_entropy_low: float = config_field(
+        0.05,
+        "Lower edge H_low of the clamped-entropy band: while the step's mean clamped entropy is below it, the "
+        "coefficient rises. Default: the reference implementation (AReaL recipe/AEnt).",
+        valid=Range(0),
     )
-    aent_entropy_high: float = field(
-        default=0.23,
-        metadata={
-            "help": "Upper edge H_high of the clamped-entropy band: while the step's mean clamped entropy is above "
-            "it, the coefficient falls. Default: the reference implementation (AReaL recipe/AEnt)."
-        },
+    aent_entropy_high: float = config_field(
+        0.23,
+        "Upper edge H_high of the clamped-entropy band: while the step's mean clamped entropy is above it, the "
+        "coefficient falls. Default: the reference implementation (AReaL recipe/AEnt).",
+        valid=Range(0),
     )
-    aent_coef_lr: float = field(
-        default=1e-3,
-        metadata={
-            "help": "Learning rate alpha of the coefficient controller (>= 0). Default: the reference "
-            "implementation (AReaL recipe/AEnt)."
-        },
+    aent_coef_lr: float = config_field(
+        1e-3,
+        "Learning rate alpha of the coefficient controller (>= 0). Default: the reference implementation (AReaL "
+        "recipe/AEnt).",
+        valid=Range(0),
     )
-    aent_coef_min: float = field(
-        default=1e-5,
-        metadata={
-            "help": "Lower bound lambda_min of the coefficient box (>= 0). Default: the reference "
-            "implementation (AReaL recipe/AEnt)."
-        },
+    aent_coef_min: float = config_field(
+        1e-5,
+        "Lower bound lambda_min of the coefficient box (>= 0). Default: the reference implementation (AReaL "
+        "recipe/AEnt).",
+        valid=Range(0),
     )
-    aent_coef_max: float = field(
-        default=3e-3,
-        metadata={
-            "help": "Upper bound lambda_max of the coefficient box (>= aent_coef_min). Default: the "
-            "reference implementation (AReaL recipe/AEnt)."
-        },
+    aent_coef_max: float = config_field(
+        3e-3,
+        "Upper bound lambda_max of the coefficient box (>= aent_coef_min). Default: the reference implementation "
+        "(AReaL recipe/AEnt).",
+        valid=Range(),
     )
-    aent_warmup_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Optimizer steps during which the coefficient stays at aent_coef_init; it is updated after each "
-            "generation cycle whose last optimizer step's 1-based index exceeds this. Default 0 from the reference "
-            "implementation's defaults (its example run used 29)."
-        },
+    aent_warmup_steps: int = config_field(
+        0,
+        "Optimizer steps during which the coefficient stays at aent_coef_init; it is updated after each generation "
+        "cycle whose last optimizer step's 1-based index exceeds this. Default 0 from the reference implementation's "
+        "defaults (its example run used 29).",
+        valid=Range(0, integer=True),
     )
-    aent_adaptive: bool = field(
-        default=True,
-        metadata={
-            "help": "Adapt the coefficient to keep the clamped entropy in [aent_entropy_low, aent_entropy_high]; "
-            "False keeps it at aent_coef_init for the whole run. Default True (the paper's method)."
-        },
+    aent_adaptive: bool = config_field(
+        True,
+        "Adapt the coefficient to keep the clamped entropy in [aent_entropy_low, aent_entropy_high]; False keeps it "
+        "at aent_coef_init for the whole run. Default True (the paper's method).",
     )
 
     def __post_init__(self):
         super().__post_init__()
-        reals = ("aent_clamp_fraction", "aent_coef_init", "aent_entropy_low", "aent_entropy_high", "aent_coef_lr")
-        for name in (*reals, "aent_coef_min", "aent_coef_max"):
-            if not is_finite_number(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite real number, got {getattr(self, name)!r}.")
-        if not 0 <= self.aent_clamp_fraction < 1:
-            raise ValueError(f"aent_clamp_fraction must lie in [0, 1), got {self.aent_clamp_fraction!r}.")
-        for name in ("aent_entropy_low", "aent_entropy_high", "aent_coef_lr", "aent_coef_min", "aent_coef_init"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         for low, high, what in (
             ("aent_entropy_low", "aent_entropy_high", "band"),
             ("aent_coef_min", "aent_coef_max", "coefficient box"),
@@ -211,11 +192,6 @@ class AEntConfig(EntropyGRPOConfig):
                 "there at once. Move it into the box (or widen the box), or set aent_adaptive=False for a fixed "
                 "coefficient."
             )
-        warmup = self.aent_warmup_steps
-        if not (is_integer(warmup) and warmup >= 0):
-            raise ValueError(f"aent_warmup_steps must be a non-negative integer, got {warmup!r}.")
-        if not isinstance(self.aent_adaptive, bool):
-            raise ValueError(f"aent_adaptive must be a bool, got {self.aent_adaptive!r}.")
         reject_trl_entropy_bonus(self, "AEnt")
 
 

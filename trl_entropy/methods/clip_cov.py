@@ -10,13 +10,13 @@ stay in the normaliser. Where the draw is made (per micro-batch, or once per gen
 
 import hashlib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
-from ..core.config import validate_fraction
+from ..core.config import TOKEN_FRACTION, Range, config_field
 from ..core.objectives import surrogate_flat
 from ..core.statistics import token_covariance
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
@@ -86,38 +86,32 @@ class ClipCovConfig(CovSelectionConfig):
             See [`CovSelectionConfig`].
     """
 
-    clip_cov_ratio: float = field(
-        default=2e-4,
-        metadata={
-            "help": "ρ: fraction of the valid tokens to detach, max(floor(ρ·N_valid), 1) tokens drawn at random among "
-            "the candidates, N_valid counted over the selection scope (micro-batch or generation batch). In (0, 1]. "
-            f"Default from the paper ({PAPER}, §4.3) and verl."
-        },
+    clip_cov_ratio: float = config_field(
+        2e-4,
+        "ρ: fraction of the valid tokens to detach, max(floor(ρ·N_valid), 1) tokens drawn at random among the "
+        "candidates, N_valid counted over the selection scope (micro-batch or generation batch). In (0, 1]. Default "
+        f"from the paper ({PAPER}, §4.3) and verl.",
+        **TOKEN_FRACTION,
     )
-    clip_cov_lb: float = field(
-        default=1.0,
-        metadata={
-            "help": "Lower bound (exclusive) of a candidate's covariance (ℓ_t − ℓ̄)(A_t − Ā). Default from the paper "
-            f"({PAPER}, §4.3) and verl."
-        },
+    # The bounds may be infinite: (−inf, inf) makes every token a candidate.
+    clip_cov_lb: float = config_field(
+        1.0,
+        "Lower bound (exclusive) of a candidate's covariance (ℓ_t − ℓ̄)(A_t − Ā). Default from the paper "
+        f"({PAPER}, §4.3) and verl.",
+        valid=Range(finite=False),
     )
-    clip_cov_ub: float = field(
-        default=5.0,
-        metadata={
-            "help": "Upper bound (exclusive) of a candidate's covariance; must exceed clip_cov_lb. Default from the "
-            f"paper ({PAPER}, §4.3) and verl."
-        },
+    clip_cov_ub: float = config_field(
+        5.0,
+        "Upper bound (exclusive) of a candidate's covariance; must exceed clip_cov_lb. Default from the "
+        f"paper ({PAPER}, §4.3) and verl.",
+        valid=Range(finite=False),
     )
 
     def __post_init__(self):
         super().__post_init__()
-        validate_fraction("clip_cov_ratio", self.clip_cov_ratio)
-        bounds = (self.clip_cov_lb, self.clip_cov_ub)
-        if not (
-            all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds) and bounds[0] < bounds[1]
-        ):
+        if not self.clip_cov_lb < self.clip_cov_ub:
             raise ValueError(
-                "clip_cov_lb and clip_cov_ub must be numbers with clip_cov_lb < clip_cov_ub, got "
+                "clip_cov_lb must be below clip_cov_ub (candidates lie strictly between them), got "
                 f"clip_cov_lb={self.clip_cov_lb!r} and clip_cov_ub={self.clip_cov_ub!r}."
             )
 

@@ -1,6 +1,6 @@
 """What Clip-Cov and KL-Cov share: the covariance term of each token, how many tokens to select, and where the
 selection is made (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-arXiv:2505.22617, §4.2; docs/clip_cov.md, docs/kl_cov.md).
+arXiv:2505.22617, §4.2; each method's docs page).
 
 The entropy of a softmax policy falls when the log-probability of the sampled tokens and their advantage are
 positively correlated (ibid., Thm. 1), and a small fraction of tokens carries most of that covariance. Both methods
@@ -17,14 +17,14 @@ Where the tokens are selected is ``cov_selection_scope``:
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig
+from ..core.config import EntropyGRPOConfig, config_field
 from ..core.statistics import covariance_moments, pooled_covariance
 from ..core.trainer import EntropyGRPOTrainer
 
@@ -53,7 +53,7 @@ def selection_count(ratio: float, num_valid: int) -> int:
 @dataclass
 class CovSelectionConfig(EntropyGRPOConfig):
     r"""
-    What [`ClipCovConfig`] and [`KLCovConfig`] share: where the covariance selection is made.
+    What the covariance-selection methods' configs share: where the selection is made.
 
     Parameters:
         cov_selection_scope (`str`, *optional*, defaults to `"micro_batch"`):
@@ -63,25 +63,18 @@ class CovSelectionConfig(EntropyGRPOConfig):
             accumulation steps or the number of processes.
     """
 
-    cov_selection_scope: str = field(
-        default="micro_batch",
-        metadata={
-            "help": "Where Clip-Cov/KL-Cov select their tokens. 'micro_batch' (default, the authors' code): in every "
-            "loss step over its micro-batch on its rank, from the current log-probs; the selection depends on the "
-            "micro-batch size, accumulation and number of processes. 'generation_batch' (ours): once per generation "
-            "batch over the whole batch on all ranks, from the rollout log-probs (one extra no-gradient forward pass "
-            "per generation batch where TRL does not compute them); the selection is the same for any layout.",
-            "choices": list(COV_SELECTION_SCOPES),
-        },
+    cov_selection_scope: str = config_field(
+        "micro_batch",
+        "Where Clip-Cov/KL-Cov select their tokens. 'micro_batch' (default, the authors' code): in every loss step "
+        "over its micro-batch on its rank, from the current log-probs; the selection depends on the micro-batch size, "
+        "accumulation and number of processes. 'generation_batch' (ours): once per generation batch over the whole "
+        "batch on all ranks, from the rollout log-probs (one extra no-gradient forward pass per generation batch "
+        "where TRL does not compute them); the selection is the same for any layout.",
+        choices=COV_SELECTION_SCOPES,
     )
 
     def __post_init__(self):
         super().__post_init__()
-        if self.cov_selection_scope not in COV_SELECTION_SCOPES:
-            raise ValueError(
-                f"cov_selection_scope={self.cov_selection_scope!r} is invalid: choose one of "
-                f"{list(COV_SELECTION_SCOPES)}."
-            )
         if self.importance_sampling_level != "token":
             raise ValueError(
                 f"importance_sampling_level={self.importance_sampling_level!r} is not supported by "

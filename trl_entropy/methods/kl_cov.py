@@ -8,12 +8,12 @@ tokens by covariance term ``Cov_t`` (eq. 10). Where the top-k is taken (per micr
 batch) is the shared ``cov_selection_scope`` of ``methods/cov_selection.py``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.config import is_finite_number, validate_fraction, warn_if_on_policy
+from ..core.config import TOKEN_FRACTION, Range, config_field, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.statistics import token_covariance
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
@@ -58,28 +58,22 @@ class KLCovConfig(CovSelectionConfig):
             See [`CovSelectionConfig`].
     """
 
-    kl_cov_ratio: float = field(
-        default=2e-3,
-        metadata={
-            "help": "κ: fraction of the valid tokens penalised, the top max(floor(κ·N_valid), 1) by covariance, "
-            "N_valid counted over the selection scope (micro-batch or generation batch). In (0, 1]. Default from the "
-            f"paper's 7B setting ({PAPER}, §4.3); it used 2e-4 at 32B."
-        },
+    kl_cov_ratio: float = config_field(
+        2e-3,
+        "κ: fraction of the valid tokens penalised, the top max(floor(κ·N_valid), 1) by covariance, N_valid counted "
+        "over the selection scope (micro-batch or generation batch). In (0, 1]. Default from the paper's 7B setting "
+        f"({PAPER}, §4.3); it used 2e-4 at 32B.",
+        **TOKEN_FRACTION,
     )
-    kl_cov_coef: float = field(
-        default=1.0,
-        metadata={
-            "help": "β_KL: weight of the penalty |ℓ_t − ℓ^old_t| on the selected tokens; >= 0. Default from the paper "
-            f"({PAPER}, §4.3) and verl."
-        },
+    kl_cov_coef: float = config_field(
+        1.0,
+        "β_KL: weight of the penalty |ℓ_t − ℓ^old_t| on the selected tokens; >= 0. Default from the paper "
+        f"({PAPER}, §4.3) and verl.",
+        valid=Range(0),
     )
 
     def __post_init__(self):
         super().__post_init__()
-        validate_fraction("kl_cov_ratio", self.kl_cov_ratio)
-        coef = self.kl_cov_coef
-        if not (is_finite_number(coef) and coef >= 0):
-            raise ValueError(f"kl_cov_coef={coef!r} is invalid: it must be a finite number >= 0.")
         if self.delta is not None:
             raise ValueError(
                 f"delta={self.delta!r} is not supported by KLCovConfig: delta clips the importance ratio, and KL-Cov "

@@ -17,12 +17,12 @@ TRL) are left out of the quantile as TRL leaves them out of the mean (ours) and 
 Provenance (the paper, the authors' code and how each part was confirmed): docs/qae.md.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Place
 
@@ -78,23 +78,17 @@ class QAEConfig(EntropyGRPOConfig):
             (only successes reinforced); larger `K` raises it: more groups are "easy" (only failures penalised).
     """
 
-    qae_quantile_k: float = field(
-        default=0.4,
-        metadata={
-            "help": "Quantile level K of QAE's group baseline b = Q_K(rewards), in (0, 1), linear interpolation "
-            "between order statistics. 0.4 is the authors' training scripts' value (Qwen3-8B/14B-Base, DAPO)."
-        },
+    qae_quantile_k: float = config_field(
+        0.4,
+        "Quantile level K of QAE's group baseline b = Q_K(rewards), in (0, 1), linear interpolation between order "
+        "statistics. 0.4 is the authors' training scripts' value (Qwen3-8B/14B-Base, DAPO).",
+        valid=Range(0, 1, "()"),
+        note="(the authors' code falls back to the mean outside (0, 1): use method grpo for that)",
     )
 
     def __post_init__(self):
         super().__post_init__()
         reject_trl_entropy_bonus(self, "QAE")
-        k = self.qae_quantile_k
-        if not (is_finite_number(k) and 0 < k < 1):
-            raise ValueError(
-                f"qae_quantile_k must be a number strictly between 0 and 1, got {k!r} (the authors' code falls back "
-                "to the mean outside (0, 1): use method grpo for that)."
-            )
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 "QAE needs multi_objective_aggregation='sum_then_normalize', got "

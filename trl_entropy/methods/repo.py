@@ -17,13 +17,13 @@ mean entropy of the first cycle, or a given ``repo_entropy_target``): doubled wh
 halved otherwise, flipped to ``±β_min`` when halving takes it below ``β_min``, and capped at ``β_max``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, is_finite_number, reject_trl_entropy_bonus, validate_entropy_target
+from ..core.config import ENTROPY_TARGET, EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Neutral, Place, Variant
@@ -141,82 +141,61 @@ class REPOConfig(EntropyGRPOConfig):
             sign of `A_t` (the public re-implementation of the paper's App. D.2). `False` leaves it unclamped.
     """
 
-    repo_variant: str = field(
-        default="R",
-        metadata={
-            "help": "'R' (REPO-R, rescale: zeta_t = |A_t| (logp^s_t - c_t); the variant of the paper's experiments) "
-            "or 'D' (REPO-D, decorrelate: zeta_t = logp^s_t - c_t, an entropy bonus estimated by REINFORCE).",
-            "choices": list(REPO_VARIANTS),
-        },
+    repo_variant: str = config_field(
+        "R",
+        "'R' (REPO-R, rescale: zeta_t = |A_t| (logp^s_t - c_t); the variant of the paper's experiments) or 'D' "
+        "(REPO-D, decorrelate: zeta_t = logp^s_t - c_t, an entropy bonus estimated by REINFORCE).",
+        choices=REPO_VARIANTS,
     )
-    repo_centering: str = field(
-        default="none",
-        metadata={
-            "help": "Centring c_t of the sampled log-prob: 'none' (c_t = 0, the paper's practical choice) or "
-            "'entropy' (c_t = -H_t, the exact per-state centring; H_t is detached).",
-            "choices": list(REPO_CENTERINGS),
-        },
+    repo_centering: str = config_field(
+        "none",
+        "Centring c_t of the sampled log-prob: 'none' (c_t = 0, the paper's practical choice) or 'entropy' "
+        "(c_t = -H_t, the exact per-state centring; H_t is detached).",
+        choices=REPO_CENTERINGS,
     )
-    repo_beta: float = field(
-        default=0.0,
-        metadata={
-            "help": "Initial beta of the per-token advantage A'_t = A_t - beta * zeta_t (paper: 0; the first "
-            "update then sets it to +-repo_beta_min). |repo_beta| must not exceed repo_beta_max."
-        },
+    repo_beta: float = config_field(
+        0.0,
+        "Initial beta of the per-token advantage A'_t = A_t - beta * zeta_t (paper: 0; the first update then sets it "
+        "to +-repo_beta_min). |repo_beta| must not exceed repo_beta_max.",
+        valid=Range(),
     )
-    repo_beta_min: float = field(
-        default=1e-4,
-        metadata={
-            "help": "Smallest |beta|: when halving takes |beta| below it, beta flips to +-repo_beta_min in the "
-            "wanted direction. 1e-4 is the paper's REPO-R value; for REPO-D the same value is ours."
-        },
+    repo_beta_min: float = config_field(
+        1e-4,
+        "Smallest |beta|: when halving takes |beta| below it, beta flips to +-repo_beta_min in the wanted direction. "
+        "1e-4 is the paper's REPO-R value; for REPO-D the same value is ours.",
+        valid=Range(0, ends="(]"),
     )
-    repo_beta_max: float = field(
-        default=0.05,
-        metadata={
-            "help": "Largest |beta|; doubling stops there. 0.05 is the paper's REPO-R value; for REPO-D the same "
-            "value is ours (the paper's REPO-D range did not survive extraction)."
-        },
+    repo_beta_max: float = config_field(
+        0.05,
+        "Largest |beta|; doubling stops there. 0.05 is the paper's REPO-R value; for REPO-D the same value is ours "
+        "(the paper's REPO-D range did not survive extraction).",
+        valid=Range(),
     )
-    repo_entropy_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "REPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the "
-            "first generation cycle."
-        },
+    repo_entropy_target: float | None = config_field(
+        None,
+        "REPO's target mean full entropy H* (nats per token). None (default, paper) measures it on the first "
+        "generation cycle.",
+        **ENTROPY_TARGET,
     )
-    repo_keep_advantage_sign: bool = field(
-        default=True,
-        metadata={
-            "help": "REPO-R: clamp the factor 1 - beta * sign(A) * (logp^s - c) at 0 so the rescaled advantage keeps "
-            "the sign of A (the public re-implementation of the paper's App. D.2). False leaves it unclamped."
-        },
+    repo_keep_advantage_sign: bool = config_field(
+        True,
+        "REPO-R: clamp the factor 1 - beta * sign(A) * (logp^s - c) at 0 so the rescaled advantage keeps the sign of "
+        "A (the public re-implementation of the paper's App. D.2). False leaves it unclamped.",
     )
 
     def __post_init__(self):
         super().__post_init__()
         reject_trl_entropy_bonus(self, "REPO")
-        if self.repo_variant not in REPO_VARIANTS:
-            raise ValueError(f"repo_variant must be one of {list(REPO_VARIANTS)}, got {self.repo_variant!r}.")
-        if self.repo_centering not in REPO_CENTERINGS:
-            raise ValueError(f"repo_centering must be one of {list(REPO_CENTERINGS)}, got {self.repo_centering!r}.")
-        if not (is_finite_number(self.repo_beta_min) and self.repo_beta_min > 0):
-            raise ValueError(f"repo_beta_min must be a positive finite number, got {self.repo_beta_min!r}.")
-        if not (is_finite_number(self.repo_beta_max) and self.repo_beta_max >= self.repo_beta_min):
+        if self.repo_beta_max < self.repo_beta_min:
             raise ValueError(
                 f"repo_beta_max must be a finite number >= repo_beta_min={self.repo_beta_min!r}, "
                 f"got {self.repo_beta_max!r}."
             )
-        if not is_finite_number(self.repo_beta):
-            raise ValueError(f"repo_beta must be a finite number, got {self.repo_beta!r}.")
         if abs(self.repo_beta) > self.repo_beta_max:
             raise ValueError(
                 f"repo_beta={self.repo_beta!r} exceeds repo_beta_max={self.repo_beta_max!r} in magnitude; "
                 "the initial beta must lie in [-repo_beta_max, repo_beta_max]."
             )
-        validate_entropy_target("repo_entropy_target", self.repo_entropy_target)
-        if not isinstance(self.repo_keep_advantage_sign, bool):
-            raise ValueError(f"repo_keep_advantage_sign must be a bool, got {self.repo_keep_advantage_sign!r}.")
 
 
 class REPOTrainer(EntropyGRPOTrainer):
