@@ -176,11 +176,20 @@ def shell_commands(path: Path) -> list[list[str]]:
     return commands
 
 
+def train_arguments(words: list[str]) -> list[str] | None:
+    """The arguments of a training command, `examples/train.py ...` or `trl-entropy train ...`; None for another."""
+    if "examples/train.py" in words:
+        return words[words.index("examples/train.py") + 1 :]
+    if words[:2] == ["trl-entropy", "train"]:
+        return words[2:]
+    return None
+
+
 TRAIN_COMMANDS = [
-    pytest.param(words[words.index("examples/train.py") + 1 :], id=f"{path.relative_to(ROOT)}:{' '.join(words)[:60]}")
+    pytest.param(train_arguments(words), id=f"{path.relative_to(ROOT)}:{' '.join(words)[:60]}")
     for path in DOCUMENTS
     for words in shell_commands(path)
-    if "examples/train.py" in words
+    if train_arguments(words) is not None
 ]
 
 
