@@ -26,6 +26,7 @@ from trl_entropy import (
     ADAPOConfig,
     AEntConfig,
     ClipCovConfig,
+    EntropyAdvantageConfig,
     EntropyGRPOConfig,
     KLCovConfig,
     QAEConfig,
@@ -96,6 +97,10 @@ INVALID = {
         "adapo_entropy_target": [0, -1.0, nan, inf],
         "epsilon_high": [0.05, 0.9, nan, None],
         "epsilon": [1.0, -0.1],
+    },
+    EntropyAdvantageConfig: {
+        "ent_adv_alpha": [-0.1, nan, inf, True],
+        "ent_adv_kappa": [1.0, 0.5, -2.0, nan, inf],  # kappa <= 1: the cap no longer keeps a negative A negative
     },
 }
 INVALID_CASES = [

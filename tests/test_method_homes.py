@@ -55,6 +55,7 @@ NOT_YET_HOME: dict[str, list[str]] = {
         "ADAPOConfig",
         "AEntConfig",
         "ClipCovConfig",
+        "EntropyAdvantageConfig",
         "KLCovConfig",
         "QAEConfig",
         "REPOConfig",
