@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SMALL_BATCH, TOY_CACHE, make_grpo_batch, toy_config
+from distributed_run import ADAPTIVE_METHODS
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
 from trl_entropy.core.head import install_entropy_head
 from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
+from trl_entropy.methods import get_method
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
 
 
@@ -296,7 +298,8 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
 
 
 def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path):
-    """`trl-entropy train --method aent` and `trl-entropy report` from the wheel installed into a fresh virtual
+    """`trl-entropy train --method <m>` (the first registered method with a controller: AEnt today) and `trl-entropy
+    report` from the wheel installed into a fresh virtual
     environment, run from a folder outside the clone. The environment sees this one's packages (torch, TRL, ...)
     through a path file, which adds their folder but runs none of its path files, so the clone's editable install
     stays out: the trl_entropy imported is the wheel's copy."""
@@ -332,14 +335,16 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
 
     command = venv / "bin" / "trl-entropy"  # the console script the wheel declares
     tiny = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
-    train = [command, "train", "--method", "aent", *tiny, "--toy_policy_cache", str(TOY_CACHE)]
+    method = ADAPTIVE_METHODS[0]
+    train = [command, "train", "--method", method, *tiny, "--toy_policy_cache", str(TOY_CACHE)]
     trained = subprocess.run(train, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stderr[-4000:]
-    assert "trl-entropy train: saved the model to outputs/aent-toy" in trained.stderr
-    output_dir = elsewhere / "outputs" / "aent-toy"
+    assert f"trl-entropy train: saved the model to outputs/{method}-toy" in trained.stderr
+    output_dir = elsewhere / "outputs" / f"{method}-toy"
     assert (output_dir / "model.safetensors").is_file()
     history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
-    assert any("aent/coef" in entry for entry in history)  # AEnt's trainer ran, not the base's
+    controller_metric = get_method(method).metrics[0].key
+    assert any(controller_metric in entry for entry in history)  # the method's trainer ran, not the base's
 
     report = subprocess.run(
         [command, "report", str(output_dir)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300

@@ -22,8 +22,8 @@ from distributed_run import finish, launch_two_processes, make_trainer, ranked_r
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy.core.objectives import ppo_clip_active
 from trl_entropy.core.statistics import covariance_moments, pooled_covariance
+from trl_entropy.core.surrogates import ppo_clip_active
 from trl_entropy.methods.clip_cov import (
     CLIP_COV_GENERATOR_FILE,
     ClipCovConfig,
@@ -431,6 +431,8 @@ def test_config_accepts_supported_options(tmp_path):
             KLCovConfig, tmp_path, loss_type=loss_type, num_iterations=2, kl_cov_coef=0.0, cov_selection_scope=scope
         )
     make_config(ClipCovConfig, tmp_path, clip_cov_ratio=1.0, clip_cov_lb=-1.0, clip_cov_ub=float("inf"))
+    unbounded = make_config(ClipCovConfig, tmp_path, clip_cov_lb=-math.inf, clip_cov_ub=math.inf)
+    assert (unbounded.clip_cov_lb, unbounded.clip_cov_ub) == (-math.inf, math.inf)
 
 
 def on_policy_warnings(caught):

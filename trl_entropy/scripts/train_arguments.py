@@ -103,7 +103,7 @@ class TrainParser(TrlParser):
             (TrainScriptArguments, method.config_class, ModelConfig),
             prog=prog,
             usage=USAGE,
-            allow_abbrev=False,  # `--meth aent` would parse, but the parser is built for the method named in full
+            allow_abbrev=False,  # `--meth x` would parse, but the parser is built for the method named in full
             description="Train a policy with GRPO or an entropy-control method (trl_entropy). Without "
             "--model_name_or_path it trains the built-in toy policy on the toy task, on the CPU.",
             epilog="Examples: docs/getting_started.md. Each method's page in docs/ explains its options.",
