@@ -99,7 +99,7 @@ def example_batch(trainer, ratios):
         entropy=entropy,
         clamped_entropy=None,
         mask=torch.ones(1, 4),
-        advantages=torch.tensor([EXAMPLE_ADVANTAGES]),
+        group_advantages=torch.tensor([EXAMPLE_ADVANTAGES]),
     )
 
 
@@ -118,13 +118,13 @@ EXAMPLE_CASES = {
 def test_worked_example_loss_gradient_and_metrics_through_the_trainer(grpo_trainer, case):
     ratios, loss, gradient = EXAMPLE_CASES[case]
     batch = example_batch(grpo_trainer, ratios)
-    stored = batch.advantages.clone()
+    stored = batch.group_advantages.clone()
     metrics = grpo_trainer._metrics["train"]
     metrics.clear()
     advantages = grpo_trainer.per_token_advantages(batch)
     torch.testing.assert_close(advantages, torch.tensor([EXAMPLE_SHAPED]), rtol=0, atol=1e-6)
     assert not advantages.requires_grad
-    assert torch.equal(batch.advantages, stored)  # out of place
+    assert torch.equal(batch.group_advantages, stored)  # out of place
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
     per_token = grpo_trainer.per_token_policy_loss(batch, ratio, advantages)
     total = per_token.mean()  # one completion, four valid tokens: grpo's mean per sequence

@@ -12,7 +12,7 @@ from conftest import build_trainer, loss_and_gradients, make_grpo_batch, toy_con
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOTrainer, QAEConfig, QAETrainer
-from trl_entropy.core.objectives import group_advantages
+from trl_entropy.core.advantages import group_advantages
 from trl_entropy.methods.qae import qae_gate_metrics, quantile_baseline
 from trl_entropy.toy import build_toy_dataset
 

@@ -18,10 +18,13 @@ class CompletionBatch:
         clamped_entropy: ``H^c_t``, the entropy renormalised over the logits left after dropping the ``floor(p·V)``
             smallest, when the method's ``clamp_fraction()`` is above 0; ``None`` otherwise. Differentiable.
         mask: ``m_t``, 1 on the tokens that count (the completion mask times TRL's tool mask), 0 elsewhere.
-        advantages: ``A``, one advantage per completion as TRL computed it, ``(B, 1)``.
+        group_advantages: ``A``, one advantage per completion, ``(B, 1)``: its reward against its prompt group's
+            baseline (TRL's mean, or the method's ``group_baseline``), scaled as TRL scales it; computed once per
+            generation batch. The method's ``per_token_advantages`` turns them into the token advantages the
+            surrogate multiplies.
         mode: ``"train"`` or ``"eval"``: the key of the trainer's metric dict the hooks log into.
         entropy_mask: the tokens TRL's high-entropy filter keeps (``top_entropy_quantile < 1``), or ``None`` (all).
-            Set by the base before ``per_token_policy_loss`` and ``regulariser`` run.
+            Set by the base before any hook sees the batch.
         importance_sampling_ratio: TRL's vLLM importance-sampling ratios of this micro-batch (vLLM with
             ``vllm_importance_sampling_correction``), or ``None``; VESPO folds them into its sequence weight.
         carried: the per-token tensors of this micro-batch that the method asked to carry from its generation batch
@@ -33,7 +36,7 @@ class CompletionBatch:
     entropy: torch.Tensor
     clamped_entropy: torch.Tensor | None
     mask: torch.Tensor
-    advantages: torch.Tensor
+    group_advantages: torch.Tensor
     mode: str = "train"
     entropy_mask: torch.Tensor | None = None
     importance_sampling_ratio: torch.Tensor | None = None

@@ -2,17 +2,12 @@
 ``core/trl_bridge.py``'s ``TRLBridge``, the one place that touches the private methods and attributes of
 ``trl.GRPOTrainer`` and ``transformers.Trainer``; this module uses only the names the bridge offers.
 
-The hooks a method fills (docs/adding_a_method.md walks through them):
+The hooks a method fills are defined below in the order they run; docs/adding_a_method.md draws them beside the
+steps of ``loss_step`` and walks through them.
 
-* ``build_controllers()``                          the controllers moved once per generation cycle;
-* ``clamp_fraction()``                             the vocabulary fraction dropped for the clamped entropy (0: none);
-* ``per_token_advantages(batch)``                  the advantages the surrogate uses, ``(B, 1)`` or ``(B, T)``;
-* ``clip_range()``                                 ``(ε_low, ε_high)`` of the PPO clip;
-* ``per_token_policy_loss(batch, ratio, advantages)``  the per-token surrogate;
-* ``regulariser(batch)``                           a scalar added to the loss (a token mean; scaled for accumulation);
-* ``group_baseline(grouped_rewards)``               the baseline of each prompt group (None: TRL's mean);
-* ``on_generation_batch(batch)``                   sees each generation batch; may add ``carried_token_keys`` tensors;
-* ``rank_checkpoint_state()`` / ``restore_rank_checkpoint_state(checkpoint)``  per-rank state in checkpoints.
+The advantages go by two names: ``batch.group_advantages`` (one per completion, its reward against its group's
+baseline, made once per generation batch) and ``token_advantages`` (what ``per_token_advantages`` makes of them, per
+sequence or per token; the surrogate multiplies exactly these). TRL's off-policy gate reads the group advantages.
 
 With no hook overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
 ``use_adaptive_entropy``) and a Mixture-of-Experts model's router load-balancing loss included. Controller state and
@@ -26,6 +21,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import ProcessorMixin
 
+from .advantages import group_advantages, summed_rewards
 from .batch import CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .config import EntropyGRPOConfig
@@ -33,22 +29,15 @@ from .control import Controller, ControllerCycle, EntropyControlState
 from .data import check_prompt_columns
 from .head import (
     EntropyHeadRequest,
+    ScoredCompletions,
     install_entropy_head,
     score_completions,
     unsupported_head_reason,
     weightless_model,
 )
-from .objectives import (
-    TOKEN_SUM_LOSS_TYPES,
-    aggregate_loss,
-    group_advantages,
-    importance_ratio,
-    k3_kl,
-    policy_surrogate,
-    summed_rewards,
-    vespo_weights,
-)
+from .objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
 from .statistics import global_token_mean, loss_step_metrics
+from .surrogates import importance_ratio, policy_surrogate, vespo_weights
 from .trl_bridge import TRLBridge
 
 
@@ -103,34 +92,6 @@ class EntropyGRPOTrainer(TRLBridge):
         """The controllers this method moves once per generation cycle (none in plain GRPO)."""
         return []
 
-    def clamp_fraction(self) -> float:
-        """Fraction of the vocabulary dropped for the clamped entropy; 0 means the loss needs no clamped entropy."""
-        return 0.0
-
-    def clip_range(self) -> tuple[float, float]:
-        """``(ε_low, ε_high)`` of the PPO clip."""
-        return self.epsilon_low, self.epsilon_high
-
-    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
-        """The advantages the surrogate uses: ``(B, 1)`` (one per sequence) or ``(B, T)`` (one per token)."""
-        return batch.advantages
-
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
-    ) -> torch.Tensor:
-        """Per-token surrogate of ``loss_type`` (``core/objectives.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
-        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
-        phi = None
-        if self.loss_type == "vespo":
-            ratios = batch.importance_sampling_ratio
-            phi = vespo_weights(batch.log_probs, batch.old_log_probs, advantages, batch.mask, ratios, self.args)
-            self.log_token_mean(batch, "vespo/phi_seq_mean", phi)
-        return policy_surrogate(self.loss_type, batch.log_probs, ratio, advantages, self.clip_range(), self.args, phi)
-
-    def regulariser(self, batch: CompletionBatch) -> torch.Tensor | None:
-        """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
-        return None
-
     def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor | None:
         """The baseline ``(groups,)`` of each prompt group of rewards ``(groups, num_generations)`` gathered from every
         rank (NaN: unscorable), the same on every rank; TRL's scaling then applies around it. None keeps TRL's mean."""
@@ -139,6 +100,36 @@ class EntropyGRPOTrainer(TRLBridge):
     def on_generation_batch(self, batch: dict) -> None:
         """Called on every generation batch TRL makes (training and evaluation), on every rank, before TRL splits it
         into micro-batches; it may add ``(B, T)`` tensors under ``carried_token_keys``. Collectives are allowed."""
+
+    def clamp_fraction(self) -> float:
+        """Fraction of the vocabulary dropped for the clamped entropy; 0 means the loss needs no clamped entropy."""
+        return 0.0
+
+    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
+        """The token advantages the surrogate multiplies, made from ``batch.group_advantages``: ``(B, 1)`` (one per
+        sequence) or ``(B, T)`` (one per token), no gradient."""
+        return batch.group_advantages
+
+    def per_token_policy_loss(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-token surrogate of ``loss_type`` (``core/surrogates.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
+        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
+        phi = None
+        if self.loss_type == "vespo":
+            ratios = batch.importance_sampling_ratio
+            phi = vespo_weights(batch.log_probs, batch.old_log_probs, token_advantages, batch.mask, ratios, self.args)
+            self.log_token_mean(batch, "vespo/phi_seq_mean", phi)
+        clip_range = self.clip_range()
+        return policy_surrogate(self.loss_type, batch.log_probs, ratio, token_advantages, clip_range, self.args, phi)
+
+    def clip_range(self) -> tuple[float, float]:
+        """``(ε_low, ε_high)`` of the PPO clip."""
+        return self.epsilon_low, self.epsilon_high
+
+    def regulariser(self, batch: CompletionBatch) -> torch.Tensor | None:
+        """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
+        return None
 
     def rank_checkpoint_state(self) -> dict[str, object]:
         """This rank's extra state for a checkpoint: ``{file name pattern with {process_index}: value}``."""
@@ -204,13 +195,31 @@ class EntropyGRPOTrainer(TRLBridge):
         return scored.log_probs, scored.entropy, scored.clamped_entropy, scored.router_loss
 
     def loss_step(self, model, inputs):
-        """GRPO's loss of one micro-batch, opened through the hooks above; logs the step's metrics."""
-        mode = self.mode
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        """GRPO's loss of one micro-batch, step by step in the order they run (docs/adding_a_method.md draws them with
+        the hooks each step calls). Logs the step's metrics."""
+        scored = self.score_micro_batch(model, inputs)  # 1. score
+        batch = self.completion_batch(inputs, scored)  # 2. batch
+        # 3. group baseline: once per generation batch (finish_generation_batch), giving batch.group_advantages
+        token_advantages = self.per_token_advantages(batch)  # 4. per-token advantages
+        ratio = importance_ratio(batch.log_probs, batch.old_log_probs, batch.mask, self.importance_sampling_level)
+        per_token_loss = self.per_token_policy_loss(batch, ratio, token_advantages)  # 5. surrogate
+        per_token_loss = self.apply_token_gates(batch, per_token_loss, inputs)  # 6. stop-gradient gates
+        per_token_kl = self.reference_kl(batch, ratio, inputs)  # 7. KL
+        if per_token_kl is not None:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+        policy_loss, loss = self.aggregate(batch, per_token_loss, inputs)  # 8. aggregation
+        loss = self.add_regularisers(batch, loss, policy_loss, scored.router_loss)  # 9. regularisers
+        self.update_controllers(batch)  # 10. controllers
+        self.record_loss_step_metrics(batch, token_advantages, ratio, per_token_kl)  # 11. metrics
+        return loss
+
+    def score_micro_batch(self, model, inputs) -> ScoredCompletions:
+        """Step 1: the completion tokens' log-probs, entropies, clamped entropies (``clamp_fraction()``) and the MoE
+        router loss, from the entropy head."""
         model_inputs = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids")}
         if any(value is not None for value in model_inputs.values()):
             raise NotImplementedError(f"{type(self).__name__} trains on text-only inputs.")
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         log_probs, entropy, clamped_entropy, router_loss = self._score(
             model,
             torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
@@ -219,76 +228,115 @@ class EntropyGRPOTrainer(TRLBridge):
             clamp_fraction=self.clamp_fraction(),
             aux_loss=self.aux_loss_enabled,
         )
-        old_log_probs, advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
+        return ScoredCompletions(log_probs, entropy, clamped_entropy, router_loss)
+
+    def completion_batch(self, inputs, scored: ScoredCompletions) -> CompletionBatch:
+        """Step 2: what every hook sees, complete before the first one runs: the scores, the tokens that count, the
+        generation batch's group advantages and carried tensors, and the tokens TRL's high-entropy filter keeps."""
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        old_log_probs, group_advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
         batch = CompletionBatch(
-            log_probs=log_probs,
-            old_log_probs=log_probs.detach() if old_log_probs is None else old_log_probs,
-            entropy=entropy,
-            clamped_entropy=clamped_entropy,
+            log_probs=scored.log_probs,
+            old_log_probs=scored.log_probs.detach() if old_log_probs is None else old_log_probs,
+            entropy=scored.entropy,
+            clamped_entropy=scored.clamped_entropy,
             mask=mask,
-            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
-            mode=mode,
+            group_advantages=group_advantages.unsqueeze(1) if group_advantages.dim() == 1 else group_advantages,
+            mode=self.mode,
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
             carried={key: inputs[key] for key in self.carried_token_keys if key in inputs},
         )
-        token_advantages = self.per_token_advantages(batch)
-        if self.top_entropy_quantile < 1.0:  # the tokens TRL's high-entropy filter keeps
-            batch.entropy_mask = self.get_high_entropy_mask(entropy, mask, 1 - self.top_entropy_quantile)
-        ratio = importance_ratio(log_probs, batch.old_log_probs, mask, self.importance_sampling_level)
+        if self.top_entropy_quantile < 1.0:
+            batch.entropy_mask = self.get_high_entropy_mask(scored.entropy, mask, 1 - self.top_entropy_quantile)
+        return batch
 
-        per_token_loss = self.per_token_policy_loss(batch, ratio, token_advantages)
+    def apply_token_gates(self, batch: CompletionBatch, per_token_loss: torch.Tensor, inputs) -> torch.Tensor:
+        """Step 6: TRL's gates on the per-token loss: its off-policy mask (sequences with a negative group advantage
+        that drifted too far from the sampler), its high-entropy filter, and its vLLM importance-sampling weight."""
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
-                advantages=batch.advantages,
-                per_token_logps=log_probs,
+                advantages=batch.group_advantages,
+                per_token_logps=batch.log_probs,
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", batch.old_log_probs),
-                mask=mask,
+                mask=batch.mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )
         if batch.entropy_mask is not None:
             per_token_loss = per_token_loss * batch.entropy_mask
         if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-        per_token_kl = None
-        if self.beta != 0.0:
-            per_token_kl = k3_kl(log_probs, inputs["ref_per_token_logps"])
-            if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * ratio
-            per_token_loss = per_token_loss + self.beta * per_token_kl
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # VESPO folds it into its weight
+        return per_token_loss
 
-        # Bonuses and regularisers are token means of the micro-batch, scaled only for gradient accumulation.
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+    def reference_kl(self, batch: CompletionBatch, ratio: torch.Tensor, inputs) -> torch.Tensor | None:
+        """Step 7: the per-token k3 KL to the reference model (times the ratio with ``use_bias_correction_kl``), or
+        None when ``beta`` is 0."""
+        if self.beta == 0.0:
+            return None
+        per_token_kl = k3_kl(batch.log_probs, inputs["ref_per_token_logps"])
+        if self.args.use_bias_correction_kl:
+            per_token_kl = per_token_kl * ratio
+        return per_token_kl
+
+    def accumulation_steps(self, mode: str) -> float:
+        """What a micro-batch's loss terms are divided by: the accumulation steps in training, 1 in evaluation."""
+        return self.current_gradient_accumulation_steps if mode == "train" else 1.0
+
+    def aggregate(self, batch: CompletionBatch, per_token_loss: torch.Tensor, inputs):
+        """Step 8: ``(policy_loss, loss)``, the loss reduced per ``loss_type``, then divided for accumulation."""
+        accumulation = self.accumulation_steps(batch.mode)
         dapo_normaliser = None
         if self.loss_type in TOKEN_SUM_LOSS_TYPES:  # every token of the generation batch (all ranks), per window
             dapo_normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
+            if batch.mode == "train":
                 dapo_normaliser = dapo_normaliser * accumulation / self.args.steps_per_generation
         policy_loss, scale = aggregate_loss(
-            per_token_loss, mask, self.loss_type, self.max_completion_length, dapo_normaliser
+            per_token_loss, batch.mask, self.loss_type, self.max_completion_length, dapo_normaliser
         )
-        loss = policy_loss / (accumulation if scale else 1.0)
+        return policy_loss, policy_loss / (accumulation if scale else 1.0)
+
+    def add_regularisers(self, batch, loss, policy_loss, router_loss) -> torch.Tensor:
+        """Step 9: TRL's entropy bonus, the method's ``regulariser`` and the MoE load-balancing loss, each a token mean
+        of the micro-batch divided by the accumulation steps, as TRL scales its own."""
+        accumulation = self.accumulation_steps(batch.mode)
         if self.entropy_bonus_enabled:
-            bonus_mask = mask if batch.entropy_mask is None else mask * batch.entropy_mask
-            loss = loss - self.trl_entropy_bonus(entropy, bonus_mask, policy_loss, mode) / accumulation
+            bonus = self.trl_entropy_bonus(batch.entropy, self.entropy_bonus_mask(batch), policy_loss, batch.mode)
+            loss = loss - bonus / accumulation
         regulariser = self.regulariser(batch)
         if regulariser is not None:
             loss = loss + regulariser / accumulation
-        if self.aux_loss_enabled:  # the MoE load-balancing loss, scaled for accumulation as TRL scales it
+        if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * router_loss / accumulation
             router_loss_mean = self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
-            self.record_metric(mode, "aux_loss", router_loss_mean)
+            self.record_metric(batch.mode, "aux_loss", router_loss_mean)
+        return loss
 
-        if mode == "train" and self.controllers:
+    @staticmethod
+    def entropy_bonus_mask(batch: CompletionBatch) -> torch.Tensor:
+        """The tokens TRL's entropy bonus averages over: the valid ones its high-entropy filter keeps."""
+        return batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
+
+    def update_controllers(self, batch: CompletionBatch) -> None:
+        """Step 10, the one place coefficients move (training only): the method's controllers at the optimizer step
+        that ends a generation cycle, TRL's adaptive entropy coefficient at every optimizer step, as TRL moves it."""
+        if batch.mode != "train":
+            return
+        if self.entropy_bonus_enabled:
+            self.step_trl_entropy_coef(batch.entropy, self.entropy_bonus_mask(batch))
+        if self.controllers:
             self.controller_cycle.add(batch)
             if self.accelerator.sync_gradients:
                 for name, value in self.controller_cycle.end_optimizer_step(self.state.global_step + 1).items():
                     self.record_metric("train", name, value)
+
+    def record_loss_step_metrics(self, batch, token_advantages, ratio, per_token_kl) -> None:
+        """Step 11: the metrics TRL logs for a loss step (entropy, clip fractions, KL) and the covariance of
+        log-prob and token advantage."""
         metrics = loss_step_metrics(
             self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range(), self.loss_type
         )
         for name, value in metrics.items():
-            self.record_metric(mode, name, value)
-        return loss
+            self.record_metric(batch.mode, name, value)
 
     # ------------------------------------------------------------------------------------------------------------
     # Overrides of transformers.Trainer

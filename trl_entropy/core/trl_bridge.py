@@ -13,7 +13,8 @@ library what it needs under its own names. Every private name used here is liste
 
 Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:`TRLBridge.micro_step` and
 :attr:`TRLBridge.buffered_generation_batch` (where a generation cycle stands, for checkpoints),
-:meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus`; for any GRPO trainer,
+:meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus` and
+:meth:`TRLBridge.step_trl_entropy_coef`; for any GRPO trainer,
 :func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`set_model_card`
 and :func:`grpo_citation`.
 """
@@ -90,17 +91,20 @@ class TRLBridge(GRPOTrainer):
         return self._entropy_bonus_enabled
 
     def trl_entropy_bonus(self, entropy, mask, policy_loss, mode) -> torch.Tensor:
-        """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline.
-
-        Returns ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation). The adaptive
-        coefficient is TRL's controller, with its state in TRL's attributes (so TRL's own checkpoint file for it keeps
-        working): it moves at every optimizer step by ``adaptive_entropy_coef_step``.
-        """
+        """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline:
+        ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation), with the coefficient
+        as it stands before this micro-batch's :meth:`step_trl_entropy_coef`."""
         coefficient = self.entropy_coef
         if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
             coefficient = 0.0
         self.record_metric(mode, "policy_loss", self.accelerator.gather(policy_loss.detach()).nanmean().item())
-        if self.use_adaptive_entropy and mode == "train":
+        return coefficient * masked_mean(entropy, mask)
+
+    def step_trl_entropy_coef(self, entropy, mask) -> None:
+        """TRL's adaptive entropy coefficient, a controller of TRL's with its state in TRL's attributes (so TRL's own
+        checkpoint file for it keeps working): each training micro-batch adds its entropy over ``mask``; at every
+        optimizer step the coefficient moves by ``adaptive_entropy_coef_step`` on the mean over all ranks."""
+        if self.use_adaptive_entropy:
             window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
             previous = self._entropy_window_stats
             self._entropy_window_stats = window if previous is None else previous + window
@@ -117,9 +121,8 @@ class TRLBridge(GRPOTrainer):
                     args.entropy_coef_max,
                 )
                 self._entropy_window_stats = None
-        if mode == "train" and self.accelerator.sync_gradients:
-            self.record_metric(mode, "entropy_coef", self.entropy_coef)
-        return coefficient * masked_mean(entropy, mask)
+        if self.accelerator.sync_gradients:
+            self.record_metric("train", "entropy_coef", self.entropy_coef)
 
     # ------------------------------------------------------------------------------------------------------------
     # What the trainer built on this class provides

@@ -17,8 +17,8 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
 from ..core.config import TOKEN_FRACTION, Range, config_field
-from ..core.objectives import surrogate_flat
 from ..core.statistics import token_covariance
+from ..core.surrogates import surrogate_flat
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
 from .spec import MethodSpec, Metric, Neutral, Place
 
@@ -152,16 +152,16 @@ class ClipCovTrainer(CovSelectionTrainer):
         )
 
     def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
     ) -> torch.Tensor:
-        per_token_loss = super().per_token_policy_loss(batch, ratio, advantages)
+        per_token_loss = super().per_token_policy_loss(batch, ratio, token_advantages)
         epsilon_low, epsilon_high = self.clip_range()
         with torch.no_grad():
             delta = self.args.delta
-            clip_active = surrogate_flat(self.loss_type, ratio, advantages, epsilon_low, epsilon_high, delta)
+            clip_active = surrogate_flat(self.loss_type, ratio, token_advantages, epsilon_low, epsilon_high, delta)
             clip_active = clip_active.expand_as(per_token_loss)
             if self.args.cov_selection_scope == "micro_batch":
-                cov = token_covariance(batch.log_probs, advantages, batch.mask)
+                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
                 detached = self.select_tokens(cov, batch.mask, clip_active, batch.mode)
             else:
                 detached = self.carried_selection(batch) & ~clip_active

@@ -95,11 +95,11 @@ class EntropyAdvantageTrainer(EntropyGRPOTrainer):
 
     def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
         alpha, kappa = self.args.ent_adv_alpha, self.args.ent_adv_kappa
-        shaped = entropy_shaped_advantages(batch.advantages, batch.entropy, alpha, kappa)
-        self.log_token_mean(batch, "ent_adv/mean_bonus", shaped - batch.advantages)
+        shaped = entropy_shaped_advantages(batch.group_advantages, batch.entropy, alpha, kappa)
+        self.log_token_mean(batch, "ent_adv/mean_bonus", shaped - batch.group_advantages)
         # Where the cap |A|/κ is the smaller term; tokens with A = 0 (cap 0, nothing to shape) are not counted.
-        capped = (batch.advantages.abs() / kappa < alpha * batch.entropy.detach()).float()
-        shaped_tokens = replace(batch, mask=batch.mask * (batch.advantages != 0))
+        capped = (batch.group_advantages.abs() / kappa < alpha * batch.entropy.detach()).float()
+        shaped_tokens = replace(batch, mask=batch.mask * (batch.group_advantages != 0))
         self.log_token_mean(shaped_tokens, "ent_adv/capped_fraction", capped)
         return shaped
 

@@ -102,19 +102,19 @@ class KLCovTrainer(CovSelectionTrainer):
         return kl_cov_selection(cov, mask, self.args.kl_cov_ratio)
 
     def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, advantages: torch.Tensor
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
     ) -> torch.Tensor:
         if self.args.cov_selection_scope == "micro_batch":
             with torch.no_grad():
-                cov = token_covariance(batch.log_probs, advantages, batch.mask)
+                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
                 selected = self.select_tokens(cov, batch.mask, None, batch.mode)
         else:
             selected = self.carried_selection(batch)
         penalty = (batch.log_probs - batch.old_log_probs).abs()
         if self.loss_type in PPO_CLIP_LOSS_TYPES:  # the paper's surrogate: the penalty replaces the clip
-            surrogate = -advantages * ratio
+            surrogate = -token_advantages * ratio
         else:  # a loss type with no PPO clip keeps its own surrogate
-            surrogate = super().per_token_policy_loss(batch, ratio, advantages)
+            surrogate = super().per_token_policy_loss(batch, ratio, token_advantages)
         per_token_loss = surrogate + self.args.kl_cov_coef * penalty * selected
         self.log_token_mean(batch, "kl_cov/penalised_fraction", selected.float())
         self.log_token_mean(batch, "kl_cov/abs_log_ratio", penalty)

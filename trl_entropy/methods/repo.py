@@ -214,7 +214,7 @@ class REPOTrainer(EntropyGRPOTrainer):
     def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
         args = self.args
         return repo_advantages(
-            batch.advantages,
+            batch.group_advantages,
             batch.log_probs,  # ℓ^s: this forward pass's log-prob, detached inside
             batch.entropy if args.repo_centering == "entropy" else None,
             self.controllers["repo"].value,
