@@ -33,7 +33,6 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-ALL_TRAINERS = ["trl", "base", "aent", "clip_cov", "kl_cov", "repo", "adapo"]
 PRESETS = {
     "loss-step": dict(
         vocab=32768, hidden=256, layers=2, heads=4, kv_heads=2, mlp=512, batch=8, prompt=32, completion=96,
@@ -41,29 +40,25 @@ PRESETS = {
     ),
     "qwen2-0.5b": dict(
         vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864, batch=8, prompt=256, completion=1024,
-        trainers=ALL_TRAINERS,
+        trainers=None,
     ),
     "toy": dict(
         vocab=512, hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, batch=4, prompt=4, completion=6,
-        trainers=ALL_TRAINERS,
+        trainers=None,
     ),
 }  # fmt: skip
 
 
-def _trainer_classes(name):
+def _trainer_classes():
+    """``trl`` (trl.GRPOTrainer), ``base`` (the shared base, control off) and every registered method by its key."""
     import trl
 
-    import trl_entropy as te
+    from trl_entropy.methods import SPECS
 
-    return {
-        "trl": (trl.GRPOTrainer, trl.GRPOConfig),
-        "base": (te.EntropyGRPOTrainer, te.EntropyGRPOConfig),
-        "aent": (te.AEntTrainer, te.AEntConfig),
-        "clip_cov": (te.ClipCovTrainer, te.ClipCovConfig),
-        "kl_cov": (te.KLCovTrainer, te.KLCovConfig),
-        "repo": (te.REPOTrainer, te.REPOConfig),
-        "adapo": (te.ADAPOTrainer, te.ADAPOConfig),
-    }[name]
+    classes = {"trl": (trl.GRPOTrainer, trl.GRPOConfig)}
+    for spec in SPECS:
+        classes["base" if spec.key == "grpo" else spec.key] = (spec.trainer_class, spec.config_class)
+    return classes
 
 
 def build_model_dir(spec, dtype, root):
@@ -126,7 +121,7 @@ def build_trainer(name, model_dir, tokenizer, spec, args, output_dir):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    trainer_class, config_class = _trainer_classes(name)
+    trainer_class, config_class = _trainer_classes()[name]
     config = config_class(
         output_dir=output_dir,
         per_device_train_batch_size=spec["batch"],
@@ -173,7 +168,7 @@ def time_steps(trainer, batch, repeats, device):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="loss-step")
-    parser.add_argument("--trainers", default=None, help=f"comma-separated subset of {','.join(ALL_TRAINERS)}")
+    parser.add_argument("--trainers", default=None, help="comma-separated subset of trl, base and the method keys (default: the preset's, all for most)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["fp32", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
     parser.add_argument("--repeats", type=int, default=3)
@@ -188,8 +183,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = PRESETS[args.preset]
-    names = args.trainers.split(",") if args.trainers else spec["trainers"]
-    unknown = set(names) - set(ALL_TRAINERS)
+    classes = _trainer_classes()
+    names = args.trainers.split(",") if args.trainers else spec["trainers"] or list(classes)
+    unknown = set(names) - set(classes)
     if unknown:
         parser.error(f"unknown trainers {sorted(unknown)}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
