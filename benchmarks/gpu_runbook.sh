@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_runbook.sh [--wheels DIR] [--out DIR]
 #
 # 1. installs the wheels found in DIR (--wheels; the project's and any others carried in), without the network;
-# 2. the CUDA kernel tests: tests/test_kernel_cuda.py (fp32 and bf16, both backends, clamp on and off, against
+# 2. the CUDA kernel tests: tests/kernels/test_kernel_cuda.py (fp32 and bf16, both backends, clamp on and off, against
 #    float64) and the Triton compile test;
 # 3. the kernel benchmark, bf16, N = 16384 at (d, V) = (4096, 151936) and (2048, 32768): naive logits, TRL's chunked
 #    head, Liger's chunked GRPO loss, the four LM-head GEMMs alone (the floor), ours (torch and triton, clamp on and
@@ -16,7 +16,7 @@
 # benchmarks/results). A failing stage is recorded and the others still run; the exit status is 1 if any failed.
 #
 # --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
-# the runbook is known to work before GPU time is spent on it (tests/test_gpu_runbook.py runs it in CI).
+# the runbook is known to work before GPU time is spent on it (tests/launch/test_gpu_runbook.py runs it in CI).
 set -uo pipefail
 
 DRY_RUN=0
@@ -100,13 +100,13 @@ stage() {  # stage TITLE COMMAND...: runs it, appends its command and output to 
 
 if [ "$DRY_RUN" = 1 ]; then
     KERNEL_TEST_DEVICE=cpu stage "CUDA kernel tests (dry run: on the CPU, PyTorch backend)" \
-        "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernel_cuda.py
+        "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py
     stage "Kernel benchmark (dry run)" "$PYTHON" benchmarks/kernel_bench.py --in-process --strict --repeats 1 \
         --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp
     stage "Trainer loss step (dry run: toy Qwen2)" "$PYTHON" benchmarks/step_bench.py --preset toy --repeats 1
 else
-    stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernel_cuda.py \
-        tests/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
+    stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
+        tests/kernels/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
     # Each (shape, method) runs in its own process under --timeout; the AEnt reference sorts the full logits on the
     # CPU (minutes at N = 16384), so it runs at N = 2048 beside ours.
     stage "Kernel benchmark (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda --dtype bf16 --repeats 3 \

@@ -3,7 +3,7 @@
 Methods
 -------
 naive          full fp32 logits; log_softmax, entropy, and the clamped entropy from ``torch.topk`` of the kept entries
-               (``naive_logprob_entropy`` of ``tests/kernel_reference.py``), backward through autograd.
+               (``naive_logprob_entropy`` of ``tests/_reference/kernel_reference.py``), backward through autograd.
 reference      the AEnt authors' recipe: full fp32 logits, moved to the CPU for ``torch.topk`` (indices of the kept
                entries), back on the device for a gather and the clamped entropy; log-prob and entropy as ``naive``.
                (On a CPU run the move is a no-op.)
@@ -19,7 +19,7 @@ ours_triton    ``backend="triton"`` (CUDA only).
 ours_cuda_path_emulated
                CPU only: ``ours`` with bf16 inputs on the CUDA bf16 path (GEMMs with bf16 operands and fp32 output,
                written into the chunk buffer and accumulated into the gradients in place), the GEMMs emulated by
-               ``emulate_fp32_output_gemm`` of ``tests/cpu_emulation.py``. Its times measure the emulation;
+               ``emulate_fp32_output_gemm`` of ``tests/_reference/cpu_emulation.py``. Its times measure the emulation;
                its peak memory is that path's (see below).
 
 Each (shape, method) runs in a fresh subprocess. Peak memory is measured as
@@ -180,8 +180,8 @@ def worker(args) -> None:
     if args.method.startswith("ours") or args.method == "naive":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-        from cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
-        from kernel_reference import naive_logprob_entropy
+        from _reference.cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
+        from _reference.kernel_reference import naive_logprob_entropy
 
         from trl_entropy.kernels import chunked_logprob_entropy
 

@@ -168,7 +168,9 @@ def time_steps(trainer, batch, repeats, device):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="loss-step")
-    parser.add_argument("--trainers", default=None, help="comma-separated subset of trl, base and the method keys (default: the preset's, all for most)")
+    parser.add_argument(
+        "--trainers", default=None, help="comma-separated subset of trl, base and the method keys (default: all)"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["fp32", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
     parser.add_argument("--repeats", type=int, default=3)

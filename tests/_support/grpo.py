@@ -1,0 +1,134 @@
+"""What the tests share besides fixtures: hand-built GRPO micro-batches, the one config and trainer builders, the loss
+and gradients of one step, and float64 log-probs and entropies from the full logits."""
+
+import os
+
+import torch
+
+
+# The warm start is deterministic, so its result is cached across test sessions (keyed by the toy's format version).
+TOY_CACHE = os.environ.get(
+    "TRL_ENTROPY_TEST_CACHE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".toy_cache")
+)
+
+
+def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=6, seed=0, old_noise=0.3, ref=True):
+    """A GRPO micro-batch as ``_generate_and_score_completions`` returns it, with padding on both sides.
+
+    The rollout and reference log-probs are the model's own (computed here from the full logits) plus noise, so the
+    ratios fall on both sides of the clip range.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(4, vocab_size, (batch, prompt_len), generator=generator)
+    prompt_mask = torch.ones(batch, prompt_len, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    completion_ids = torch.randint(4, vocab_size, (batch, completion_len), generator=generator)
+    completion_mask = torch.ones(batch, completion_len, dtype=torch.long)
+    completion_mask[1:2, 3:] = 0  # an early eos (rows that exist)
+    completion_mask[2:3, 1:] = 0
+    with torch.no_grad():
+        input_ids = torch.cat([prompt_ids, completion_ids], 1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], 1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+        log_probs = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
+        log_probs = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(batch, generator=generator),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if old_noise is not None:
+        inputs["old_per_token_logps"] = log_probs + old_noise * torch.randn(log_probs.shape, generator=generator)
+    if ref:
+        inputs["ref_per_token_logps"] = log_probs + 0.2 * torch.randn(log_probs.shape, generator=generator)
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the method tests
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def toy_config(config_class, output_dir="unused", **options):
+    """The one config builder of the tests: ``config_class`` on the CPU in fp32, logging nowhere, plus ``options``."""
+    return config_class(**{"output_dir": str(output_dir), "report_to": [], "use_cpu": True, "bf16": False, **options})
+
+
+# The micro-batch of the hand-driven loss-step tests: 4 completions of one prompt, at most 6 tokens.
+SMALL_BATCH = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
+
+
+def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
+    """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
+    from trl_entropy.toy import build_toy_dataset, toy_reward
+
+    args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
+    trainer = trainer_class(
+        model=path,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8, seed=0),
+        processing_class=tokenizer,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = accumulation
+    # accelerate's gradient state is shared by every trainer of the process: start from the state a training step
+    # starts from (the last micro-batch of a window), whatever an earlier test left.
+    set_sync(trainer, True)
+    return trainer
+
+
+def set_sync(trainer, sync):
+    """Mark the next micro-batch as the last of its accumulation window (True) or not."""
+    trainer.accelerator.gradient_state._set_sync_gradients(sync)
+
+
+def loss_and_gradients(trainer, inputs):
+    """The loss of one ``compute_loss`` call and every parameter's gradient."""
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def naive_log_softmax(model, inputs):
+    """Log-softmax of the full logits at the completion positions, in float64 (temperature 1)."""
+    with torch.no_grad():
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+    return torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
+
+
+def naive_log_probs(model, inputs):
+    """Per-token log-probs of the sampled completion tokens, from the full logits in float64."""
+    return naive_log_softmax(model, inputs).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def naive_entropy(model, inputs):
+    """Per-token full entropy of the completion, from the full logits in float64."""
+    log_probs = naive_log_softmax(model, inputs)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def split_batch(inputs):
+    """Two half micro-batches of a GRPO micro-batch (rows 0..B/2 and B/2..B)."""
+    half = inputs["prompt_ids"].size(0) // 2
+    halves = []
+    for rows in (slice(0, half), slice(half, None)):
+        part = {k: (v[rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
+        part["num_items_in_batch"] = inputs["num_items_in_batch"]
+        halves.append(part)
+    return halves
+
+
+def varied_batch(model, vocab_size, seed):
+    """A batch of 8 whose halves hold different numbers of valid tokens (so a mean of means would differ)."""
+    inputs = make_grpo_batch(model, vocab_size, batch=8, seed=seed)
+    inputs["completion_mask"][4 + seed % 4, 2:] = 0
+    inputs["completion_mask"][5, 1:] = 0
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    return inputs

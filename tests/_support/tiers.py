@@ -1,0 +1,18 @@
+"""Tier markers by cost. Every test gets one: `pure` (pure functions, configs, source checks), `loss_step` (one loss
+step or scoring pass against float64 or trl.GRPOTrainer), `training` (short in-process training), `launch`
+(subprocesses and multi-process launches). Each folder's conftest.py names its default tier, the files that differ
+and the launches one by one; `-m "not launch"` is the quick loop (README)."""
+
+import pytest
+
+
+def mark_tier(item, default, files=None, launches=None):
+    """Give ``item`` its tier: ``launch`` if its file's entry in ``launches`` is ``"all"`` or names the test, else its
+    file's tier in ``files``, else ``default``."""
+    file = item.path.name
+    named = (launches or {}).get(file, ())
+    if named == "all" or item.originalname in named:
+        tier = "launch"
+    else:
+        tier = (files or {}).get(file, default)
+    item.add_marker(getattr(pytest.mark, tier))

@@ -1,0 +1,17 @@
+"""The fused kernel against its float64 and CPU references (`_reference/`). Tiers (`_support/tiers.py`): training
+unless named below."""
+
+from _support.tiers import mark_tier
+
+
+FILES = {
+    "test_kernel.py": "pure",
+    "test_kernel_triton.py": "pure",
+}
+LAUNCHES = {
+    "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
+}
+
+
+def pytest_itemcollected(item):
+    mark_tier(item, "training", FILES, LAUNCHES)

@@ -1,0 +1,22 @@
+"""Multi-process runs, the example scripts as processes, the GPU runbook's dry run. Tiers (`_support/tiers.py`):
+training unless named below."""
+
+from _support.tiers import mark_tier
+
+
+FILES = {}
+LAUNCHES = {
+    "test_distributed.py": "all",
+    "test_gpu_runbook.py": "all",
+    "test_examples.py": {
+        "test_train_command_line_error_as_a_process",
+        "test_train_real_model_on_a_local_math_dataset",
+        "test_train_runs_every_method",
+        "test_train_use_peft_trains_a_lora_adapter",
+        "test_train_yaml_config_and_command_line_override",
+    },
+}
+
+
+def pytest_itemcollected(item):
+    mark_tier(item, "training", FILES, LAUNCHES)

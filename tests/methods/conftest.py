@@ -1,0 +1,14 @@
+"""One file per method: its math against float64, its trainer against trl.GRPOTrainer, short training. Tiers
+(`_support/tiers.py`): training unless named below."""
+
+from _support.tiers import mark_tier
+
+
+FILES = {}
+LAUNCHES = {
+    "test_cov_selection.py": {"test_two_processes_select_and_train_like_one"},
+}
+
+
+def pytest_itemcollected(item):
+    mark_tier(item, "training", FILES, LAUNCHES)

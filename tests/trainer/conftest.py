@@ -1,0 +1,29 @@
+"""The shared trainer: parity, loss types, resume, LoRA, accumulation, bad input, model families, vLLM. Tiers
+(`_support/tiers.py`): training unless named below."""
+
+from _support.tiers import mark_tier
+
+
+FILES = {
+    "test_base_parity.py": "loss_step",
+    "test_loss_types.py": "loss_step",
+    "test_bad_input.py": "loss_step",
+    "test_model_families.py": "loss_step",
+}
+LAUNCHES = {
+    "test_base.py": {
+        "test_a_plain_install_brings_neither_triton_nor_liger",
+        "test_trl_entropy_train_runs_from_the_wheel_outside_the_clone",
+        "test_wheel_installs_kernels_inside_the_package",
+    },
+    "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},
+    "test_resume_changes.py": {
+        "test_kill_inside_the_optimizer_write_is_skipped_on_resume",
+        "test_two_process_checkpoint_resumed_by_one_process_regenerates",
+    },
+    "test_trainer_api.py": {"test_liger_layer_kernels_keep_the_entropy_head"},
+}
+
+
+def pytest_itemcollected(item):
+    mark_tier(item, "training", FILES, LAUNCHES)

@@ -1,0 +1,482 @@
+"""Bad input: each gives an error that names the problem, or is handled without corrupting the controllers.
+
+* an invalid value for every config field (and a check that no field of our configs is left out);
+* a ``loss_type`` or another ``GRPOConfig`` option a method does not support;
+* a model without an output embedding;
+* a train or eval dataset without a ``prompt`` column;
+* completions with every token masked;
+* NaN (``None``) and infinite rewards.
+"""
+
+import dataclasses
+import math
+import re
+from contextlib import nullcontext
+
+import pytest
+import torch
+import trl.trainer.grpo_trainer
+from _support.distributed_run import ADAPTIVE_METHODS, ControllerRecorder, make_rollout, make_trainer, rollout_text
+from _support.grpo import make_grpo_batch, toy_config
+from datasets import DatasetDict
+from transformers import LlamaModel
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_entropy import (
+    ADAPOConfig,
+    AEntConfig,
+    ClipCovConfig,
+    EntropyAdvantageConfig,
+    EntropyGRPOConfig,
+    KLCovConfig,
+    QAEConfig,
+    REPOConfig,
+)
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.methods.aent import aent_coefficient_step
+from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
+
+
+nan, inf = math.nan, math.inf
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Config fields
+# ---------------------------------------------------------------------------------------------------------------------
+
+INVALID = {
+    EntropyGRPOConfig: {
+        "entropy_kernel_chunk_size": [0, -3, 2.5, True],
+        "entropy_kernel_backend": ["cuda", None],
+        "entropy_control_fresh_start": ["yes", None],
+        # TRL's fields whose bad values TRL lets through (or reports with another number).
+        "num_iterations": [0, -1, 1.5, True],
+        "epsilon": [-0.1, nan, inf],
+        "epsilon_high": [-0.1, nan],
+        "beta": [-0.04, nan, inf],
+        "top_entropy_quantile": [-0.1, 1.5, nan],
+    },
+    AEntConfig: {
+        "aent_clamp_fraction": [-0.1, 1.0, nan, "0.3"],
+        "aent_coef_init": [-1e-4, 1.0, inf],  # 1.0 lies outside the default box [1e-5, 3e-3]
+        "aent_entropy_low": [-0.1, 0.5, nan],  # 0.5 is above the default aent_entropy_high
+        "aent_entropy_high": [0.01, inf],  # 0.01 is below the default aent_entropy_low
+        "aent_coef_lr": [-1e-3, nan],
+        "aent_coef_min": [-1e-5, 1.0],
+        "aent_coef_max": [1e-6, inf],
+        "aent_warmup_steps": [-1, 2.5, True],
+        "aent_adaptive": ["yes", None],
+    },
+    ClipCovConfig: {
+        "clip_cov_ratio": [0, 1.5, nan, True],
+        "clip_cov_lb": [5.0, 10.0, nan, "x"],  # the default clip_cov_ub is 5.0
+        "clip_cov_ub": [1.0, 0.5, nan, "x"],  # the default clip_cov_lb is 1.0
+        "cov_selection_scope": ["global", None],
+    },
+    KLCovConfig: {
+        "kl_cov_ratio": [0, -0.1, 1.5, nan, True],
+        "kl_cov_coef": [-1.0, nan, inf, True],
+        "cov_selection_scope": ["global", None],
+    },
+    REPOConfig: {
+        "repo_variant": ["X", "r", "d"],
+        "repo_centering": ["mean", None],
+        "repo_beta": [nan, 0.06, -0.06, True],  # |0.06| exceeds the default repo_beta_max 0.05
+        "repo_beta_min": [0, -1e-4, nan, 0.1],  # 0.1 is above the default repo_beta_max 0.05
+        "repo_beta_max": [0, 5e-5, nan, inf],  # 5e-5 is below the default repo_beta_min 1e-4
+        "repo_entropy_target": [0, -1.0, nan, inf, True],
+        "repo_keep_advantage_sign": ["yes", None, 1],
+    },
+    QAEConfig: {
+        "qae_quantile_k": [0, 1, 1.5, -0.1, nan, True, "0.4"],  # the authors' code falls back to the mean: refused
+        "multi_objective_aggregation": ["normalize_then_sum"],  # no group of rewards to take a quantile of
+    },
+    ADAPOConfig: {
+        "adapo_epsilon_high_step": [0, -0.01, nan],
+        "adapo_epsilon_high_min": [-0.1, 0.3, nan],  # 0.3 is above the initial epsilon_high 0.28
+        "adapo_epsilon_high_max": [0.05, 0.2, inf],  # 0.2 is below the initial epsilon_high 0.28
+        "adapo_entropy_target": [0, -1.0, nan, inf],
+        "epsilon_high": [0.05, 0.9, nan, None],
+        "epsilon": [1.0, -0.1],
+    },
+    EntropyAdvantageConfig: {
+        "ent_adv_alpha": [-0.1, nan, inf, True],
+        "ent_adv_kappa": [1.0, 0.5, -2.0, nan, inf],  # kappa <= 1: the cap no longer keeps a negative A negative
+    },
+}
+INVALID_CASES = [
+    (config_class, name, value)
+    for config_class, fields in INVALID.items()
+    for name, values in fields.items()
+    for value in values
+]
+# TRL fields whose meaning a method replaces: they are the method's own and must be validated as such (TRL's own
+# entropy_target keeps TRL's meaning everywhere; REPO's and ADAPO's targets carry their method's prefix).
+REDEFINED_TRL_FIELDS = {ADAPOConfig: {"epsilon_high"}}
+
+
+def config(config_class, **options):
+    return toy_config(config_class, **options)
+
+
+@pytest.mark.parametrize(
+    "config_class, name, value",
+    INVALID_CASES,
+    ids=[f"{c.__name__}-{n}={v!r}" for c, n, v in INVALID_CASES],
+)
+def test_invalid_field_value_is_rejected_by_name(config_class, name, value):
+    with pytest.raises(ValueError, match=re.escape(name)) as error:
+        config(config_class, **{name: value})
+    assert repr(value) in str(error.value)  # the message names the bad value too
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_eval_batch_of_partial_groups_is_rejected(method):
+    spec = get_method(method)
+    with pytest.raises(ValueError, match="per_device_eval_batch_size=6") as error:
+        config(
+            spec.config_class, **spec.defaults, num_generations=4, per_device_eval_batch_size=6, eval_strategy="steps"
+        )
+    assert "num_generations" in str(error.value)
+
+
+def test_every_field_of_our_configs_has_an_invalid_value_test():
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for config_class in {method.config_class for method in METHODS.values()}:
+        own = {f.name for f in dataclasses.fields(config_class)} - trl_fields
+        own |= REDEFINED_TRL_FIELDS.get(config_class, set())
+        tested = set()
+        for ancestor in config_class.__mro__:
+            if ancestor in INVALID and (ancestor is config_class or ancestor is EntropyGRPOConfig):
+                tested |= set(INVALID[ancestor])
+        assert own <= tested, f"{config_class.__name__}: no invalid-value test for {sorted(own - tested)}"
+
+
+def test_valid_defaults_are_accepted():
+    for method in METHODS.values():
+        config(method.config_class, **method.defaults)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Unsupported loss types and GRPOConfig options
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Every method × loss-type cell, refused ones included, is tested in tests/trainer/test_loss_types.py.
+UNSUPPORTED = [
+    ("adapo", {"loss_type": t}, f"ADAPO does not support loss_type='{t}'") for t in ("cispo", "sapo", "vespo")
+]
+UNSUPPORTED += [("grpo", {"loss_type": "ppo"}, "EntropyGRPO does not support loss_type='ppo'")]
+UNSUPPORTED += [
+    (name, {"importance_sampling_level": "sequence"}, "importance_sampling_level") for name in ("clip_cov", "kl_cov")
+]
+UNSUPPORTED += [("kl_cov", {"delta": 2.0}, "delta")]
+UNSUPPORTED += [
+    (name, options, key)
+    for name in (*ADAPTIVE_METHODS, "qae")  # the methods that refuse TRL's entropy bonus next to their own control
+    for options, key in (
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
+    )
+]
+
+
+@pytest.mark.parametrize("method, options, match", UNSUPPORTED, ids=[f"{m}-{o}" for m, o, _ in UNSUPPORTED])
+def test_unsupported_option_is_rejected_by_name(method, options, match):
+    spec = get_method(method)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        config(spec.config_class, **{**spec.defaults, **options})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A model without an output embedding
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def headless_models(tokenizer):
+    causal = build_toy_model(tokenizer)
+    causal.get_output_embeddings = lambda: None  # an LM whose head cannot be found
+    return {"causal_lm_without_head": causal, "bare_backbone": LlamaModel(build_toy_model(tokenizer).config)}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("kind", ["causal_lm_without_head", "bare_backbone"])
+def test_model_without_output_embedding_is_rejected(method, kind, toy_tokenizer, tmp_path):
+    spec = get_method(method)
+    args = spec.config_class(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        report_to=[],
+        use_cpu=True,
+        **spec.defaults,
+    )
+    with pytest.raises(ValueError, match="no output embedding"):
+        spec.trainer_class(
+            model=headless_models(toy_tokenizer)[kind],
+            reward_funcs=toy_reward,
+            args=args,
+            train_dataset=build_toy_dataset(8),
+            processing_class=toy_tokenizer,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A dataset without a prompt column
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def prompt_datasets():
+    """Datasets by kind: the toy task's (standard prompts), the same with its prompts under another name, and both as
+    iterable datasets whose columns are declared, or unknown (after a ``map``, the first example shows them)."""
+    good = build_toy_dataset(8, seed=0)
+    bad = good.rename_column("prompt", "question")
+    conversational = good.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    return {
+        "good": good,
+        "bad": bad,
+        "conversational": conversational,
+        "good_iterable_unknown_columns": good.to_iterable_dataset().map(lambda row: row),
+        "bad_iterable": bad.to_iterable_dataset(),
+        "bad_iterable_unknown_columns": bad.to_iterable_dataset().map(lambda row: row),
+    }
+
+
+# (train dataset, eval dataset: a kind, or {name: kind} for a dict of them, or None; what the error names)
+MISSING_PROMPT = {
+    "train": ("bad", None, "train_dataset"),
+    "train_iterable": ("bad_iterable", None, "train_dataset"),
+    "train_iterable_unknown_columns": ("bad_iterable_unknown_columns", None, "train_dataset"),
+    "eval": ("good", "bad", "eval_dataset"),
+    "eval_iterable": ("good", "bad_iterable", "eval_dataset"),
+    "eval_dict": ("good", {"held_out": "good", "math": "bad"}, "eval_dataset['math']"),
+    "eval_dataset_dict": ("good", DatasetDict, "eval_dataset['test']"),
+}
+WITH_PROMPT = {
+    "standard": ("good", None),
+    "conversational": ("conversational", "conversational"),
+    "iterable_unknown_columns": ("good_iterable_unknown_columns", "good_iterable_unknown_columns"),
+    "eval_dict": ("good", {"held_out": "good", "chat": "conversational"}),
+}
+
+
+def datasets_of(train, evaluation):
+    kinds = prompt_datasets()
+    if evaluation is DatasetDict:
+        return kinds[train], DatasetDict(test=kinds["bad"])
+    if isinstance(evaluation, dict):
+        return kinds[train], {name: kinds[kind] for name, kind in evaluation.items()}
+    return kinds[train], None if evaluation is None else kinds[evaluation]
+
+
+def grpo_trainer(tokenizer, output_dir, train_dataset, eval_dataset=None, **keyword):
+    # An iterable train set has no length: max_steps is required (transformers).
+    args = toy_config(EntropyGRPOConfig, output_dir, per_device_train_batch_size=8, num_generations=4, max_steps=1)
+    return get_method("grpo").trainer_class(
+        model=build_toy_model(tokenizer),
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        **keyword,
+    )
+
+
+@pytest.mark.parametrize("case", sorted(MISSING_PROMPT))
+def test_dataset_without_a_prompt_column_is_rejected_at_construction(case, toy_tokenizer, tmp_path):
+    """TRL itself fails only at the first generation, with a bare ``KeyError: 'prompt'``."""
+    train, evaluation, name = MISSING_PROMPT[case]
+    with pytest.raises(ValueError) as error:
+        grpo_trainer(toy_tokenizer, tmp_path, *datasets_of(train, evaluation))
+    message = str(error.value)
+    assert message.startswith(f"{name} has no 'prompt' column (its columns: ['question', 'answer']).")
+    assert "(standard format)" in message and "(conversational format)" in message
+    assert "rename_column('question', 'prompt')" in message
+
+
+@pytest.mark.parametrize("case", sorted(WITH_PROMPT))
+def test_dataset_with_a_prompt_column_is_accepted(case, toy_tokenizer, tmp_path):
+    train, evaluation = WITH_PROMPT[case]
+    trainer = grpo_trainer(toy_tokenizer, tmp_path, *datasets_of(train, evaluation))
+    first = next(iter(trainer.train_dataset))  # reading the columns of an iterable dataset consumes nothing
+    assert first["prompt"] == next(iter(prompt_datasets()[train]))["prompt"]
+
+
+def test_an_environment_supplies_the_prompts_without_a_prompt_column(toy_tokenizer, tmp_path, monkeypatch):
+    """With ``environment_factory`` TRL takes each prompt from the environment's ``reset()``, so no column is needed.
+    (The toy tokenizer's chat template cannot render tool calls, which TRL checks first.)"""
+
+    class Environment:
+        def reset(self, **kwargs):
+            return "1+1="
+
+    monkeypatch.setattr(trl.trainer.grpo_trainer, "supports_tool_calling", lambda processing_class: True)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = grpo_trainer(toy_tokenizer, tmp_path, prompt_datasets()["bad"], environment_factory=Environment)
+    assert trainer.environment_factories is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Completions with every token masked
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_all_masked_micro_batch_gives_a_finite_loss_and_holds_the_controllers(
+    method, toy_model_path, toy_tokenizer, tmp_path
+):
+    trainer = make_trainer(method, toy_model_path, str(tmp_path), rollout=None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    before = {name: c.state_dict() for name, c in trainer.controllers.items()}
+    inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), batch=4, seed=5)
+    inputs["completion_mask"].zero_()
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    with pytest.warns(UserWarning, match="keeps its value") if trainer.controllers else nullcontext():
+        loss = trainer.compute_loss(trainer.model, inputs)
+    assert torch.isfinite(loss) and loss.item() == 0.0
+    loss.backward()
+    for name, parameter in trainer.model.named_parameters():
+        assert parameter.grad is None or not parameter.grad.any(), name
+    assert {name: c.state_dict() for name, c in trainer.controllers.items()} == before
+
+
+def masked_first_step_rollout():
+    """Step 1: every completion truncated (no <eos>), hence masked by mask_truncated_completions; then normal ones."""
+    truncated, normal = make_rollout(lengths=(8, 8, 8, 8), eos=False), make_rollout()
+
+    def rollout(prompts, trainer):
+        return (truncated if trainer.state.global_step == 0 else normal)(prompts, trainer)
+
+    return rollout
+
+
+@pytest.mark.parametrize("method", ADAPTIVE_METHODS)
+def test_training_through_an_all_masked_step(method, warm_toy_policy_path, tmp_path):
+    trainer = make_trainer(
+        method,
+        warm_toy_policy_path,
+        str(tmp_path),
+        rollout=masked_first_step_rollout(),
+        max_steps=2,
+        max_completion_length=8,
+        mask_truncated_completions=True,
+    )
+    (controller,) = trainer.controllers.values()
+    initial = controller.state_dict()
+    recorder = ControllerRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    with pytest.warns(UserWarning, match="keeps its value"):
+        trainer.train()
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["completions/clipped_ratio"] for entry in history] == [1.0, 0.0]
+    assert history[0]["loss"] == 0.0 and all(math.isfinite(entry["loss"]) for entry in history)
+    assert recorder.values[0] == controller_value_of(initial, controller)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    # Step 2 updates the controller from step 2's statistic alone, as if step 1 had not happened.
+    mean = history[1]["entropy/clamped" if method == "aent" else "entropy"]
+    state = controller.state_dict()
+    if method == "aent":
+        args = trainer.args
+        expected = aent_coefficient_step(
+            args.aent_coef_init,
+            mean,
+            args.aent_entropy_low,
+            args.aent_entropy_high,
+            args.aent_coef_lr,
+            args.aent_coef_min,
+            args.aent_coef_max,
+        )
+        assert state["coef"] == pytest.approx(expected, rel=1e-5)
+    else:
+        assert initial["entropy_target"] is None
+        assert state["entropy_target"] == pytest.approx(mean, rel=1e-5)  # measured at the first step with tokens
+
+
+def controller_value_of(state, controller):
+    return {"aent": state.get("coef"), "repo": state.get("beta"), "adapo": state.get("epsilon_high")}[controller.name]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# NaN and infinite rewards
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def reward_with(bad_value, rows):
+    def bad_reward(completions, answer, **kwargs):
+        rewards = toy_reward(completions, answer)
+        for row in rows:
+            rewards[row] = bad_value
+        return rewards
+
+    return bad_reward
+
+
+@pytest.mark.parametrize("value", [inf, -inf])
+@pytest.mark.parametrize("method", ["grpo", *ADAPTIVE_METHODS])
+def test_infinite_reward_is_rejected_naming_the_function(method, value, warm_toy_policy_path, tmp_path):
+    trainer = make_trainer(method, warm_toy_policy_path, str(tmp_path), max_steps=1)
+    trainer.reward_funcs = [reward_with(value, [5])]
+    trainer.reward_func_names = ["bad_reward"]
+    before = {name: c.state_dict() for name, c in trainer.controllers.items()}
+    with pytest.raises(ValueError, match=rf"reward function 'bad_reward' returned {value} for completion 5"):
+        trainer.train()
+    assert {name: c.state_dict() for name, c in trainer.controllers.items()} == before
+    assert trainer.state.global_step == 0
+
+
+def scored(trainer, inputs):
+    trainer.model.train()
+    with torch.no_grad():
+        return trainer._generate_and_score_completions([dict(row) for row in inputs])
+
+
+@pytest.mark.parametrize("method", ADAPTIVE_METHODS)
+def test_none_and_nan_rewards_are_handled_as_trl_does(method, warm_toy_policy_path, tmp_path):
+    """None and NaN rewards mark a completion unscorable (TRL): no advantage, no effect on the controllers."""
+
+    def partial_reward(completions, answer, **kwargs):
+        rewards = toy_reward(completions, answer)
+        rewards[0:4] = [None] * 4  # a whole group unscorable
+        rewards[5] = math.nan  # one completion of the second group
+        return rewards
+
+    ours = make_trainer(method, warm_toy_policy_path, str(tmp_path / "ours"), max_steps=2)
+    ours.reward_funcs, ours.reward_func_names = [partial_reward], ["partial_reward"]
+    trl_args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    reference = GRPOTrainer(
+        model=warm_toy_policy_path,
+        reward_funcs=partial_reward,
+        args=trl_args,
+        train_dataset=build_toy_dataset(16),
+        rollout_func=make_rollout(),
+    )
+    dataset = build_toy_dataset(16, seed=0)
+
+    def mixed(row):  # copies 0, 2 and 3 (copy 1 gets NaN) of the second group are not all right or all wrong
+        return len({toy_reward([rollout_text(row["prompt"], k)], [row["answer"]])[0] for k in (0, 2, 3)}) == 2
+
+    second = next(row for row in list(dataset)[1:] if mixed(row))
+    inputs = [dataset[0]] * 4 + [second] * 4
+    advantages = scored(ours, inputs)["advantages"]
+    torch.testing.assert_close(advantages, scored(reference, inputs)["advantages"])
+    assert torch.isfinite(advantages).all()
+    assert advantages[:4].eq(0).all() and advantages[5] == 0 and advantages[4:].ne(0).any()
+
+    recorder = ControllerRecorder()
+    recorder.trainer = ours
+    ours.add_callback(recorder)
+    ours.train()
+    assert len(recorder.values) == 2 and all(math.isfinite(v) for v in recorder.values)
+    for controller in ours.controllers.values():
+        assert all(v is None or math.isfinite(v) for v in controller.state_dict().values() if not isinstance(v, int))
+    assert all(torch.isfinite(p).all() for p in ours.model.parameters())
+    assert all(math.isfinite(entry["loss"]) for entry in ours.state.log_history if "loss" in entry)

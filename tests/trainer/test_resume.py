@@ -1,0 +1,329 @@
+"""Resume: the one suite for checkpoints of every trainer.
+
+A run of N steps straight equals the same run resumed from one of its checkpoints, for every trainer. The runs use
+``num_iterations = 2`` (a generation cycle is two optimizer steps) and resume from the checkpoint of step 1, in the
+middle of a cycle: the controllers' partial cycle statistics and the buffered generation batch must come back with
+them. The completions are sampled from the policy (no fixed rollout), so the resumed run also has to restore the data
+order and the random state; the rewards rank the completions inside their group, so every step has advantages and a
+loss of its own whichever tokens this CPU's numerics lead the policy to sample. The controller state travels in ``trainer_state.json`` (``stateful_callbacks``), written
+before Trainer pushes a checkpoint to the Hub: a pushed checkpoint carries it and resumes exactly; a checkpoint
+without it is refused.
+"""
+
+import fnmatch
+import json
+import os
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+import torch
+from _support.distributed_run import (
+    ControllerRecorder,
+    finish,
+    launch_two_processes,
+    logged,
+    make_trainer,
+    ranked_reward,
+)
+
+from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
+from trl_entropy.core.control import EntropyControlState
+from trl_entropy.methods import METHODS
+from trl_entropy.methods.clip_cov import CLIP_COV_GENERATOR_FILE
+
+
+TESTS = Path(__file__).resolve().parents[1]  # on the rank scripts' sys.path: _support imports from there
+STEPS = 4
+CHECKPOINT = 1  # inside the first generation cycle (steps 1 and 2)
+# TRL's own adaptive entropy bonus has state of its own (coefficient, last entropy) in TRL's checkpoint file.
+CASES = [(name, {}) for name in sorted(METHODS)] + [
+    (
+        "entreg",
+        {"use_adaptive_entropy": True, "entropy_coef": 0.01, "entropy_target": 0.7, "entropy_coef_delta": 0.005},
+    )
+]
+IDS = [name if not options else f"{name}-adaptive" for name, options in CASES]
+
+
+def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_device_train_batch_size=16, **options):
+    trainer = make_trainer(
+        method,
+        path,
+        output_dir,
+        rollout=None,  # sampled completions
+        reward=ranked_reward,  # advantages at every step, whatever is sampled
+        per_device_train_batch_size=per_device_train_batch_size,
+        num_iterations=2,
+        max_steps=max_steps,
+        save_strategy="steps",
+        save_steps=1,
+        **options,
+    )
+    recorder = ControllerRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer, recorder.values
+
+
+def step_values(trainer, key):
+    """``{step: value}`` of a logged metric."""
+    return {entry["step"]: entry[key] for entry in trainer.state.log_history if key in entry and "step" in entry}
+
+
+def saved_snapshot(checkpoint):
+    with open(os.path.join(checkpoint, "trainer_state.json")) as file:
+        stateful = json.load(file)["stateful_callbacks"]
+    return stateful[EntropyControlState.__name__]["attributes"]["snapshot"]
+
+
+def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values, checkpoint=CHECKPOINT):
+    CHECKPOINT = checkpoint  # noqa: N806 (the step resumed from)
+    later = range(CHECKPOINT + 1, STEPS + 1)
+    losses = step_values(straight, "loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert len({losses[step] for step in later}) == len(later), "identical losses: the comparison would be weak"
+    resumed_losses, resumed_entropy = step_values(resumed, "loss"), step_values(resumed, "entropy")
+    for step in later:
+        assert resumed_losses[step] == pytest.approx(losses[step], rel=1e-5, abs=1e-7), step
+        assert resumed_entropy[step] == pytest.approx(step_values(straight, "entropy")[step], rel=1e-5), step
+        assert step_values(resumed, "grad_norm")[step] == pytest.approx(
+            step_values(straight, "grad_norm")[step], rel=1e-4, abs=1e-7
+        ), step
+    # The same samples (rewards are logged at the steps that generate).
+    rewards = {step: value for step, value in step_values(straight, "reward").items() if step in later}
+    assert rewards or all(step % 2 == 0 for step in later)  # a cycle is two steps; its first one generates
+    assert {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
+    # The resumed run records only its own steps; it continues the controller trajectory.
+    assert len(straight_values) == STEPS and len(resumed_values) == STEPS - CHECKPOINT
+    if straight.controllers:
+        assert resumed_values == pytest.approx(straight_values[CHECKPOINT:], rel=1e-6, abs=1e-12)
+        for controller in straight.controllers.values():
+            for key in controller.metrics():  # the logged values, the measured targets included
+                for step in later:
+                    assert step_values(resumed, key)[step] == pytest.approx(
+                        step_values(straight, key)[step], rel=1e-6, abs=1e-12
+                    ), (key, step)
+    for (name, weight), resumed_weight in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
+    assert logged(resumed, "loss")[:CHECKPOINT] == logged(straight, "loss")[:CHECKPOINT]  # history restored
+
+
+@pytest.mark.parametrize("method, options", CASES, ids=IDS)
+def test_resumed_run_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
+    straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
+    checkpoint = str(tmp_path / "straight" / f"checkpoint-{CHECKPOINT}")
+    resumed, resumed_values = train(
+        method, warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint, **options
+    )
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
+
+    snapshot = saved_snapshot(checkpoint)
+    assert snapshot["trl_step"] == CHECKPOINT  # one micro-batch per step: the cycle's second pass is still to come
+    assert os.path.exists(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
+    if straight.controllers:
+        (name,) = straight.controllers
+        assert set(snapshot["controllers"][name]) == set(straight.controllers[name].state_dict())
+        assert snapshot["cycle_optimizer_steps"] == 1 and snapshot["cycle_statistics"]  # the partial cycle
+        assert len(set(straight_values)) > 1, f"{method}'s controller never moved"
+    if options.get("use_adaptive_entropy"):
+        assert step_values(resumed, "entropy_coef")[STEPS] == pytest.approx(
+            step_values(straight, "entropy_coef")[STEPS]
+        )
+        assert resumed.entropy_coef == pytest.approx(straight.entropy_coef)
+
+
+# Checkpoints taken after the controllers moved: the end of the first cycle (one update) and inside the second one.
+AFTER_UPDATE = (2, 3)
+
+
+def disable_restore(method, options, patch):
+    """The planted bug: the resumed trainer forgets the state its method learned (the controllers' values, Clip-Cov's
+    generator, TRL's adaptive coefficient), and keeps everything else."""
+    from trl import GRPOTrainer
+
+    from trl_entropy.core.control import ControllerCycle
+    from trl_entropy.methods.clip_cov import ClipCovTrainer
+
+    if method == "clip_cov":
+        patch.setattr(ClipCovTrainer, "restore_rank_checkpoint_state", lambda self, checkpoint: None)
+    elif options.get("use_adaptive_entropy"):
+        trl_load = GRPOTrainer._load_optimizer_and_scheduler
+
+        def forget(self, checkpoint):
+            coef, last = self.entropy_coef, self._last_world_entropy
+            trl_load(self, checkpoint)
+            self.entropy_coef, self._last_world_entropy = coef, last
+
+        patch.setattr(GRPOTrainer, "_load_optimizer_and_scheduler", forget)
+    else:
+        restore = ControllerCycle.restore
+
+        def forget(self, snapshot, keep_sums, device):
+            initial = {name: controller.state_dict() for name, controller in self.controllers.items()}
+            restore(self, snapshot, keep_sums, device)
+            for name, controller in self.controllers.items():
+                controller.load_state_dict(initial[name])
+
+        patch.setattr(ControllerCycle, "restore", forget)
+
+
+STATEFUL_CASES = [
+    (method, options) for method, options in CASES if method in ("aent", "repo_r", "repo_d", "adapo", "clip_cov")
+] + [case for case in CASES if case[1].get("use_adaptive_entropy")]
+
+
+@pytest.mark.parametrize(
+    "method, options", STATEFUL_CASES, ids=[m if not o else f"{m}-adaptive" for m, o in STATEFUL_CASES]
+)
+def test_resume_after_a_controller_update_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
+    """Resumed from the end of the first cycle and from inside the second, after the state moved off its initial
+    value: the next steps equal the straight run's; with the restore switched off (planted bug) they do not."""
+    straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
+    if straight.controllers:  # the state moved (a value, or a measured target) before the checkpoint
+        first, updated = (saved_snapshot(str(tmp_path / "straight" / f"checkpoint-{s}")) for s in (1, AFTER_UPDATE[0]))
+        assert first["controllers"] != updated["controllers"], "no update before the checkpoint"
+    for checkpoint in AFTER_UPDATE:
+        folder = str(tmp_path / "straight" / f"checkpoint-{checkpoint}")
+        resumed, values = train(
+            method, warm_toy_policy_path, str(tmp_path / f"resumed{checkpoint}"), folder, **options
+        )
+        assert_resumed_equals_straight(straight, straight_values, resumed, values, checkpoint)
+    folder = str(tmp_path / "straight" / f"checkpoint-{AFTER_UPDATE[0]}")
+    with pytest.MonkeyPatch.context() as patch:
+        disable_restore(method, options, patch)
+        forgetful, values = train(method, warm_toy_policy_path, str(tmp_path / "forgetful"), folder, **options)
+    with pytest.raises(AssertionError):
+        assert_resumed_equals_straight(straight, straight_values, forgetful, values, AFTER_UPDATE[0])
+
+
+class LocalHub:
+    """Stands in for the Hub: ``upload_folder`` copies what the folder holds at push time."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, repo_id, folder_path, path_in_repo=None, ignore_patterns=(), **kwargs):
+        target = os.path.join(self.root, repo_id, path_in_repo or "")
+        for directory, _, files in os.walk(folder_path):
+            for name in files:
+                relative = os.path.relpath(os.path.join(directory, name), folder_path)
+                if not any(fnmatch.fnmatch(relative, pattern) for pattern in ignore_patterns or ()):
+                    os.makedirs(os.path.dirname(os.path.join(target, relative)), exist_ok=True)
+                    shutil.copy(os.path.join(directory, name), os.path.join(target, relative))
+        done = Future()
+        done.set_result(None)
+        return done
+
+
+# What a pushed checkpoint must hold beyond Trainer's own files, per method: each rank's buffered generation batch (the
+# checkpoint is inside a cycle) and, for Clip-Cov, each rank's random generator.
+PUSHED = {
+    "repo_r": [GENERATION_BATCH_FILE.format(process_index=0)],
+    "clip_cov": [GENERATION_BATCH_FILE.format(process_index=0), CLIP_COV_GENERATOR_FILE.format(process_index=0)],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PUSHED))
+def pushed_run(request, warm_toy_policy_path, tmp_path_factory):
+    """A run that pushes every checkpoint to a local stand-in for the Hub (hub_strategy="all_checkpoints")."""
+    root = tmp_path_factory.mktemp("pushed")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("transformers.trainer.hf_api", lambda: LocalHub(str(root / "hub")))
+        trainer, values = train(
+            request.param,
+            warm_toy_policy_path,
+            str(root / "run"),
+            push_to_hub=True,
+            hub_model_id="user/pushed",
+            hub_strategy="all_checkpoints",
+        )
+    return request.param, trainer, values, str(root / "hub" / "user" / "pushed" / f"checkpoint-{CHECKPOINT}")
+
+
+def test_pushed_checkpoint_carries_the_controller_state_and_resumes_exactly(
+    pushed_run, warm_toy_policy_path, tmp_path
+):
+    method, straight, straight_values, pushed = pushed_run
+    snapshot = saved_snapshot(pushed)  # what the Hub received
+    for name, controller in straight.controllers.items():
+        assert set(snapshot["controllers"][name]) == set(controller.state_dict())
+    if method == "repo_r":
+        assert snapshot["controllers"]["repo"]["entropy_target"] is None  # mid-cycle: not measured yet
+        assert snapshot["controllers"]["repo"]["beta"] == straight_values[0]
+    for name in PUSHED[method]:
+        assert os.path.exists(os.path.join(pushed, name)), name
+    resumed, resumed_values = train(method, warm_toy_policy_path, str(tmp_path), resume_from=pushed)
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
+
+
+@pytest.mark.parametrize("pushed_run", ["repo_r"], indirect=True)
+@pytest.mark.parametrize("missing", ["controller_state", "generation_batch"])
+def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, warm_toy_policy_path, tmp_path):
+    _, _, _, pushed = pushed_run
+    checkpoint = str(tmp_path / "checkpoint")
+    shutil.copytree(pushed, checkpoint)
+    if missing == "controller_state":
+        path = os.path.join(checkpoint, "trainer_state.json")
+        with open(path) as file:
+            state = json.load(file)
+        del state["stateful_callbacks"][EntropyControlState.__name__]
+        with open(path, "w") as file:
+            json.dump(state, file)
+        match = "holds no entropy-control state"
+    else:
+        os.remove(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)))
+        match = "saved inside a generation cycle"
+    with pytest.raises(ValueError, match=match):
+        train("repo_r", warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Two processes
+# ---------------------------------------------------------------------------------------------------------------------
+
+# One rank of a two-process run: this suite's `train`, the record written by rank 0.
+RANK_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_resume import train, logged
+trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
+if trainer.accelerator.is_main_process:
+    record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
+    with open(sys.argv[3] + "/record.json", "w") as file:
+        json.dump(dict(record, controller=values), file)
+from _support.distributed_run import end_rank_cleanly
+end_rank_cleanly(trainer.accelerator.process_index)
+"""
+
+
+def run_two_processes(script, arguments, folder):
+    """The record of a two-process run of ``script`` (rank 0 writes it into ``arguments[2]``)."""
+    finish(launch_two_processes(script, arguments, folder), folder)
+    with open(os.path.join(arguments[2], "record.json")) as file:
+        return json.load(file)
+
+
+# two launches of two processes: about 80 s on two CPU cores (a launch-tier test, tests/trainer/conftest.py)
+def test_two_process_mid_cycle_resume_equals_the_straight_run(warm_toy_policy_path, tmp_path):
+    """Each rank saves its own generation batch; the partial cycle sums, reduced at the save, restart on rank 0."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    straight = run_two_processes(script, [str(TESTS), warm_toy_policy_path, str(tmp_path / "straight"), ""], tmp_path)
+    checkpoint = tmp_path / "straight" / f"checkpoint-{CHECKPOINT}"
+    assert saved_snapshot(str(checkpoint))["num_processes"] == 2
+    assert all((checkpoint / GENERATION_BATCH_FILE.format(process_index=rank)).exists() for rank in (0, 1))
+    resumed = run_two_processes(
+        script, [str(TESTS), warm_toy_policy_path, str(tmp_path / "resumed"), str(checkpoint)], tmp_path
+    )
+    assert len(set(straight["loss"][CHECKPOINT:])) == STEPS - CHECKPOINT, "identical losses: the check would be weak"
+    for key in ("loss", "entropy", "repo/entropy_target"):  # the target is measured on the resumed cycle's sums
+        assert resumed[key][CHECKPOINT:] == pytest.approx(straight[key][CHECKPOINT:], rel=1e-5, abs=1e-7), key
+    assert resumed["controller"] == pytest.approx(straight["controller"][CHECKPOINT:], rel=1e-6, abs=1e-12)

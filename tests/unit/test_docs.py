@@ -1,0 +1,443 @@
+"""Every ```python block of README.md and docs/*.md runs without a warning, every `examples/train.py` command in them
+parses, the example YAML configs parse with the right classes, the install instructions match setup.py, every list of
+methods a user reads names every registered method, links resolve, and the papers are cited by title and arXiv id
+(never by the file names of the project's own copies).
+
+Snippets run in this process (importing TRL once keeps the whole file fast), each in a fresh namespace with a fresh
+temporary working directory, in file order. The only thing patched is where `build_toy_policy` caches: a snippet that
+calls it without a `cache_dir` gets the session's cache, the same weights it would build itself (the warm start is
+deterministic), without paying for the warm start every time.
+"""
+
+import ast
+import dataclasses
+import re
+import shlex
+import sys
+import textwrap
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.upstream_noise import hide_known_upstream_noise
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# A fence may be indented (inside a list item); the block is dedented before it runs.
+FENCE = re.compile(r"^[ \t]*```python[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(path: Path) -> list[str]:
+    return [textwrap.dedent(block) for block in FENCE.findall(path.read_text())]
+
+
+SNIPPETS = [
+    pytest.param(path, index, code, id=f"{path.relative_to(ROOT)}[{index}]")
+    for path in DOCUMENTS
+    for index, code in enumerate(python_blocks(path))
+]
+
+
+def test_snippets_are_found():
+    """The fence pattern finds what is there (a broken pattern would silently test nothing)."""
+    sample = "text\n```python\nx = 1\n```\nmore\n```bash\nls\n```\n```python title\ny = 2\n```\n"
+    assert FENCE.findall(sample) == ["x = 1\n", "y = 2\n"]
+    indented = "* item:\n\n  ```python\n  z = 3\n  ```\n"
+    assert [textwrap.dedent(block) for block in FENCE.findall(indented)] == ["z = 3\n"]
+    assert python_blocks(ROOT / "README.md"), "README.md has no python block"
+    assert python_blocks(ROOT / "docs" / "getting_started.md"), "getting_started.md has no python block"
+
+
+@pytest.fixture(scope="session")
+def toy_policy_cache(tmp_path_factory):
+    from trl_entropy.toy import build_toy_policy
+
+    cache = tmp_path_factory.mktemp("docs_toy_policy")
+    build_toy_policy(seed=0, cache_dir=cache)
+    return cache
+
+
+@pytest.mark.parametrize(("path", "index", "code"), SNIPPETS)
+def test_snippet_runs(path, index, code, toy_policy_cache, tmp_path, monkeypatch):
+    import torch
+
+    import trl_entropy.toy as toy
+
+    original = toy.build_toy_policy
+
+    def cached_build_toy_policy(seed=0, warm_start_steps=toy.TOY_WARM_START_STEPS, cache_dir=None):
+        return original(seed=seed, warm_start_steps=warm_start_steps, cache_dir=cache_dir or toy_policy_cache)
+
+    monkeypatch.setattr(toy, "build_toy_policy", cached_build_toy_policy)
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        # Run as a script runs: its module is __main__ (pickling a class it defines looks it up there). Every warning
+        # is recorded but the known upstream noise the library hides: an example that warns (a setting it shows that
+        # has no effect, say) teaches the wrong thing.
+        script = types.ModuleType("__main__")
+        monkeypatch.setitem(sys.modules, "__main__", script)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hide_known_upstream_noise()
+            exec(compile(code, f"{path.name}[{index}]", "exec"), script.__dict__)
+    finally:
+        torch.set_num_threads(threads)
+    assert [f"{item.category.__name__}: {item.message}" for item in caught] == []
+
+
+def test_snippets_train_briefly():
+    """Snippets that train use the toy task with at most two optimizer steps (the docs tests stay fast)."""
+    for path, _, code in (snippet.values for snippet in SNIPPETS):
+        for steps in re.findall(r"max_steps\s*=\s*(\d+)", code):
+            assert int(steps) <= 2, f"{path.name}: max_steps={steps}"
+
+
+def load_train_module():
+    import trl_entropy.scripts.train_arguments as train_arguments  # what examples/train.py parses with
+
+    return train_arguments
+
+
+CONFIGS = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
+
+
+def test_there_is_a_config_per_method_and_the_clip_low_recipe():
+    names = {path.stem for path in CONFIGS}
+    assert set(METHODS) <= names
+    assert "clip_low" in names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_example_config_parses_with_its_method_config_class(path):
+    train = load_train_module()
+    values = yaml.safe_load(path.read_text())
+    method = get_method(values["method"])
+    argv = ["--config", str(path), "--output_dir", "unused"]
+    _, script_args, training_args, _ = train.parse_arguments(argv)
+    assert script_args.method == values["method"]
+    assert type(training_args) is method.config_class
+    for name, value in values.items():
+        if name != "method":
+            assert getattr(training_args, name) == value, name
+    for name, value in method.defaults.items():  # the registry defaults hold unless the file overrides them
+        assert getattr(training_args, name) == values.get(name, value), name
+
+
+def test_clip_low_config_is_the_clip_low_recipe():
+    """Park et al., "Clip-Low Increases Entropy and Clip-High Decreases Entropy ...", arXiv:2509.26114."""
+    values = yaml.safe_load((ROOT / "examples" / "configs" / "clip_low.yaml").read_text())
+    assert values["method"] == "grpo"
+    assert values["epsilon"] == 0.15
+    assert values["epsilon_high"] >= 1e3  # clip-high effectively off
+
+
+ACCELERATE = {
+    "single_gpu.yaml": ("NO", 1),
+    "multi_gpu.yaml": ("MULTI_GPU", 8),
+    "zero2.yaml": ("DEEPSPEED", 8),
+    "zero3.yaml": ("DEEPSPEED", 8),
+    "fsdp2.yaml": ("FSDP", 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCELERATE))
+def test_accelerate_config_loads(name):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "examples" / "accelerate" / name))
+    assert isinstance(config, ClusterConfig)
+    distributed_type, processes = ACCELERATE[name]
+    assert config.distributed_type.value == distributed_type
+    assert config.num_processes == processes
+    if name.startswith("zero"):
+        assert config.deepspeed_config["zero_stage"] == int(name[4])
+    if name == "fsdp2.yaml":
+        assert config.fsdp_config["fsdp_version"] == 2
+    assert sorted(path.name for path in (ROOT / "examples" / "accelerate").glob("*.yaml")) == sorted(ACCELERATE)
+
+
+BASH_FENCE = re.compile(r"^[ \t]*```bash[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def shell_commands(path: Path) -> list[list[str]]:
+    """The commands of the ```bash blocks of ``path``, continuation lines joined and comments dropped, as words."""
+    commands = []
+    for block in BASH_FENCE.findall(path.read_text()):
+        for line in textwrap.dedent(block).replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                commands.append(words)
+    return commands
+
+
+def train_arguments(words: list[str]) -> list[str] | None:
+    """The arguments of a training command, `examples/train.py ...` or `trl-entropy train ...`; None for another."""
+    if "examples/train.py" in words:
+        return words[words.index("examples/train.py") + 1 :]
+    if words[:2] == ["trl-entropy", "train"]:
+        return words[2:]
+    return None
+
+
+TRAIN_COMMANDS = [
+    pytest.param(train_arguments(words), id=f"{path.relative_to(ROOT)}:{' '.join(words)[:60]}")
+    for path in DOCUMENTS
+    for words in shell_commands(path)
+    if train_arguments(words) is not None
+]
+
+
+def test_train_commands_are_found(tmp_path):
+    path = tmp_path / "sample.md"
+    path.write_text(
+        "```bash\n# note\npython examples/train.py --method aent \\\n    --max_steps 5  # short\nls\n```\n"
+    )
+    assert shell_commands(path) == [["python", "examples/train.py", "--method", "aent", "--max_steps", "5"], ["ls"]]
+    assert len(TRAIN_COMMANDS) >= 5
+
+
+@pytest.mark.parametrize("arguments", TRAIN_COMMANDS)
+def test_train_command_in_the_docs_parses(arguments, monkeypatch):
+    """Each documented command line is accepted as written, from the repository root, on a machine with a bf16 GPU
+    (several commands are for one): every flag exists, every value has its type, every file it names is there."""
+    import transformers.training_args
+
+    train = load_train_module()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(train, "bf16_accelerator_available", lambda: True)
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    for word in arguments:
+        if word.startswith("examples/"):
+            assert (ROOT / word).exists(), word
+    if "--help" in arguments:
+        with pytest.raises(SystemExit) as exit_info:
+            train.parse_arguments(arguments)
+        assert exit_info.value.code == 0
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, script_args, training_args, model_args = train.parse_arguments(arguments)
+    assert type(training_args) is get_method(script_args.method).config_class
+    # A config's own warning means the documented run is set up so that its method does nothing (e.g. on-policy ADAPO).
+    assert [str(item.message) for item in caught if issubclass(item.category, UserWarning)] == []
+
+
+def test_accelerate_commands_name_existing_configs():
+    commands = [words for path in DOCUMENTS for words in shell_commands(path) if words[:2] == ["accelerate", "launch"]]
+    assert commands
+    for words in commands:
+        if "--config_file" in words:
+            assert (ROOT / words[words.index("--config_file") + 1]).is_file(), words
+
+
+def setup_extras() -> dict[str, list[str]]:
+    """setup.py's extras_require, read from its source (the literal dict)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no extras_require")
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+
+
+def test_readme_extras_table_matches_setup_py():
+    readme = (ROOT / "README.md").read_text()
+    table_text = readme[readme.index("| extra | installs | for |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| [^|]+ \|$", table_text, re.MULTILINE)
+    table = {extra: sorted(name.strip() for name in installs.split(",")) for extra, installs in rows}
+    assert table == {extra: sorted(map(requirement_name, packages)) for extra, packages in setup_extras().items()}
+
+
+def test_readme_ci_install_block():
+    """The block CI runs installs the tested PyTorch pin and an extra setup.py declares."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("<!-- ci:install -->") :].split("```")[1]
+    lines = block.strip().splitlines()[1:]  # after the "bash" tag
+    assert lines[0] == "pip install torch==2.13.0"
+    extra = re.fullmatch(r'pip install -e "\.\[(\w+)\]"', lines[1]).group(1)
+    assert extra in setup_extras()
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_relative_links_resolve(path):
+    for target in MARKDOWN_LINK.findall(path.read_text()):
+        if not re.match(r"\w+://", target):
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+# The references table of the project's specification: the papers, by arXiv id.
+ARXIV_IDS = ["2509.03493", "2505.22617", "2603.11682", "2509.26114"]
+
+
+def test_references_page_cites_every_paper_and_is_linked():
+    references = (ROOT / "docs" / "references.md").read_text()
+    for arxiv_id in ARXIV_IDS:
+        assert f"[arXiv:{arxiv_id}](https://arxiv.org/abs/{arxiv_id})" in references
+    assert "](docs/references.md)" in (ROOT / "README.md").read_text()
+    assert "](references.md)" in (ROOT / "docs" / "README.md").read_text()
+
+
+SEED_CITATION = re.compile(r"seed 00\d", re.IGNORECASE)
+CITATION_SCAN = ["README.md", "docs", "trl_entropy", "examples", "benchmarks"]
+
+
+def seed_citations() -> list[str]:
+    """`file:line: text` for every "seed 00N" (the file names of the project's copies of the papers)."""
+    found = []
+    for name in CITATION_SCAN:
+        root = ROOT / name
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:  # images
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                if SEED_CITATION.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_papers_are_cited_by_title_and_arxiv_id_not_seed_file():
+    assert SEED_CITATION.search("(Seed 003, §2)") and not SEED_CITATION.search("seed 0 and seed 1")
+    found = seed_citations()
+    assert not found, "cite the title and arXiv id (docs/references.md) instead of:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every list of methods a user reads names every registered method (the registry is the one source)
+# ---------------------------------------------------------------------------------------------------------------------
+
+BASE_TRAINER = METHODS["grpo"].trainer_class
+TRAINERS = list(dict.fromkeys(method.trainer_class for method in METHODS.values()))  # registry order, once each
+METHOD_TRAINERS = [trainer for trainer in TRAINERS if trainer is not BASE_TRAINER]
+
+
+def read(name: str) -> str:
+    return (ROOT / name).read_text()
+
+
+def passage(text: str, start: str, end: str = "\n\n") -> str:
+    """The text from ``start`` up to the next ``end`` (the end of the paragraph or table by default)."""
+    assert start in text, f"the docs no longer say {start!r}: update this test with them"
+    tail = text[text.index(start) :]
+    return tail[: tail.index(end)] if end in tail else tail
+
+
+def method_page(trainer: type) -> str:
+    """The page docs/README.md's index gives for ``trainer``."""
+    index = dict(re.findall(r"^\s*\* \[(\w+\.md)\]\(\1\):[^\n]*?\(`(\w+)`\)", read("docs/README.md"), re.MULTILINE))
+    pages = [page for page, name in index.items() if name == trainer.__name__]
+    assert pages, f"docs/README.md's index lists no page for {trainer.__name__}"
+    return pages[0]
+
+
+def test_train_py_offers_every_registered_method():
+    train = load_train_module()
+    (method,) = [field for field in dataclasses.fields(train.TrainScriptArguments) if field.name == "method"]
+    assert method.metadata["choices"] == list(METHODS)
+
+
+# Each list of `--method` names, as the words it lists, in the order it lists them.
+METHOD_NAME_LISTS = {
+    "README.md: --method": lambda: re.search(r"`--method\s+([\w|]+)`", read("README.md")).group(1).split("|"),
+    "docs/getting_started.md: --method": lambda: re.findall(
+        r"`(\w+)`", passage(read("docs/getting_started.md"), "`--method` is one of", ". ")
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(METHOD_NAME_LISTS))
+def test_method_name_list_is_the_registry(where):
+    listed = METHOD_NAME_LISTS[where]()
+    assert [name for name in METHODS if name not in listed] == [], f"{where} leaves out these methods"
+    assert listed == list(METHODS), f"{where}: in the registry's order, each once, nothing else"
+
+
+def test_readme_trainer_table_names_every_trainer():
+    table = passage(read("README.md"), "| trainer | method | what it controls |")
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == [trainer.__name__ for trainer in TRAINERS]
+
+
+def test_docs_index_has_a_page_for_every_method():
+    for trainer in METHOD_TRAINERS:
+        assert (ROOT / "docs" / method_page(trainer)).is_file()
+
+
+def test_references_cite_every_method_paper_beside_its_trainer():
+    rows = [line for line in read("docs/references.md").splitlines() if line.startswith("| ") and "arXiv:" in line]
+    for trainer in METHOD_TRAINERS:
+        arxiv_id = trainer._paper["id"]
+        assert any(
+            f"`{trainer.__name__}`" in row and f"[arXiv:{arxiv_id}](https://arxiv.org/abs/{arxiv_id})" in row
+            for row in rows
+        ), f"docs/references.md has no row citing arXiv:{arxiv_id} for {trainer.__name__}"
+        assert f"arXiv:{arxiv_id}" in read("README.md"), f"README.md does not cite {trainer.__name__}'s paper"
+
+
+def test_which_method_table_offers_every_method():
+    table = passage(read("docs/getting_started.md"), "| you want | take | page |")
+    for name, method in METHODS.items():
+        trainer = method.trainer_class
+        offered = f"`--method {name}`" in table or (
+            trainer is not BASE_TRAINER and f"]({method_page(trainer)})" in table
+        )
+        assert offered, f"getting_started.md's 'Which method' table offers neither `--method {name}` nor its page"
+
+
+def test_what_to_watch_table_names_each_method_metric():
+    from _support.methods import METHOD_METRIC  # a metric only that method logs
+
+    assert set(METHOD_METRIC) == set(METHODS)
+    table = passage(read("docs/getting_started.md"), "| metric | meaning |")
+    for name, metric in METHOD_METRIC.items():
+        assert f"`{metric}`" in table, f"getting_started.md's metrics table leaves out {metric} ({name})"
+
+
+def test_getting_started_names_every_extra():
+    sentence = passage(read("docs/getting_started.md"), "The extras:", "; the")
+    assert sorted(re.findall(r"`(\w+)` \(", sentence)) == sorted(setup_extras())
+
+
+def test_getting_started_toy_recipe_is_the_toy_defaults():
+    from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
+
+    recipe = passage(read("docs/getting_started.md"), "with the toy recipe (", "TOY_TRAINING_DEFAULTS")
+    recipe = " ".join(recipe.split())
+    found = re.search(
+        r"batches of (\d+) prompts x (\d+) completions from a pool of (\d+) prompts, each batch trained on twice "
+        r"\(`num_iterations=(\d+)`\), learning rate ([\d.e-]+), (\d+) steps",
+        recipe,
+    )
+    assert found, recipe
+    prompts, completions, pool, iterations, learning_rate, steps = found.groups()
+    defaults = TOY_TRAINING_DEFAULTS
+    assert int(completions) == defaults["num_generations"]
+    assert int(prompts) * int(completions) == defaults["per_device_train_batch_size"]
+    assert int(pool) == TOY_NUM_PROMPTS
+    assert int(iterations) == defaults["num_iterations"] == 2  # "twice"
+    assert float(learning_rate) == defaults["learning_rate"]
+    assert int(steps) == defaults["max_steps"]
+
+
+def test_package_summary_names_no_method():
+    """setup.py's description is what `pip show` prints: it names no method, so a new one cannot leave it stale."""
+    tree = ast.parse(read("setup.py"))
+    (description,) = [
+        node.value.value for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg == "description"
+    ]
+    for trainer in METHOD_TRAINERS:
+        assert not re.search(rf"\b{re.escape(trainer._name)}\b", description), trainer._name

@@ -1,0 +1,220 @@
+"""The guards against TRL drift (trl_entropy/core/drift.py): a later TRL that renames, re-signs or stops calling a
+private name that core/trl_bridge.py uses must fail loudly, naming the TRL version and the name; TRL 1.16 passes every
+guard. One case per name of the guard's table, and a check that the table is exactly what the bridge uses."""
+
+import ast
+import inspect
+from importlib.metadata import version
+
+import pytest
+from _support.grpo import build_trainer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.drift import (
+    INSTANCE_ATTRIBUTES,
+    OVERRIDE,
+    PASS_AT_K_NAMES,
+    PRIVATE_NAMES,
+    check_class,
+    check_trainer,
+)
+from trl_entropy.core.trl_bridge import TRLBridge, grpo_citation
+from trl_entropy.evaluation import count_correct
+from trl_entropy.toy import build_toy_dataset, toy_reward
+
+
+TRL_VERSION = version("trl")
+METHODS = sorted(name for name, private in PRIVATE_NAMES.items() if private.kind == "method")
+
+
+def owners(name: str) -> list[type]:
+    """The classes above our bridge that define ``name``, nearest first."""
+    return [klass for klass in GRPOTrainer.__mro__ if name in vars(klass)]
+
+
+def rename_in_trl(monkeypatch, name: str) -> None:
+    """Simulate a TRL that renamed the class-level ``name`` (every class above the bridge that defines it)."""
+    for klass in owners(name):
+        monkeypatch.setattr(klass, f"{name}_renamed", vars(klass)[name], raising=False)
+        monkeypatch.delattr(klass, name)
+
+
+def short_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, max_steps, config_class=EntropyGRPOConfig):
+    """A trainer of ``trainer_class`` on the toy task, ready to train ``max_steps`` optimizer steps."""
+    args = config_class(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=max_steps,
+        report_to=[],
+        use_cpu=True,
+    )
+    return trainer_class(
+        model=toy_model_path,
+        processing_class=toy_tokenizer,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8),
+    )
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(toy_model_path, toy_tokenizer, tmp_path_factory):
+    """A plain ``trl.GRPOTrainer`` (pass@k samples with any GRPO trainer)."""
+    return short_run(GRPOTrainer, toy_model_path, toy_tokenizer, tmp_path_factory.mktemp("trl"), 1, GRPOConfig)
+
+
+def assert_loud(error: pytest.ExceptionInfo, name: str) -> None:
+    message = str(error.value)
+    assert f"trl=={TRL_VERSION}: " in message
+    assert f" {name}," in message or f" {name})" in message or f".{name} now takes" in message, message
+
+
+def test_the_guards_are_silent_on_the_supported_trl(toy_model_path, toy_tokenizer, tmp_path, trl_trainer):
+    check_class(EntropyGRPOTrainer, TRLBridge)
+    check_trainer(trl_trainer, INSTANCE_ATTRIBUTES + PASS_AT_K_NAMES)
+    assert grpo_citation().startswith("@article{")
+    trainer = short_run(EntropyGRPOTrainer, toy_model_path, toy_tokenizer, tmp_path, max_steps=1)
+    trainer.train()
+    assert trainer.loss_path.checked and trainer.loss_path.loss_steps > 0
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE_NAMES))
+def test_every_private_name_trl_renamed_fails_loudly_naming_it(name, monkeypatch, trl_trainer):
+    """Each name of the guard's table, renamed in TRL, fails where the table says it is checked, naming it and the
+    TRL version."""
+    private = PRIVATE_NAMES[name]
+    if private.kind == "attribute":  # set by TRL's __init__: checked on the trainer
+        monkeypatch.setattr(trl_trainer, f"{name}_renamed", getattr(trl_trainer, name), raising=False)
+        monkeypatch.delattr(trl_trainer, name)
+        with pytest.raises(RuntimeError) as error:
+            check_trainer(trl_trainer, INSTANCE_ATTRIBUTES)
+        assert f"GRPOTrainer no longer sets the attribute {name}," in str(error.value)
+    else:
+        rename_in_trl(monkeypatch, name)
+        with pytest.raises(RuntimeError) as error:
+            check_class(EntropyGRPOTrainer, TRLBridge) if private.checked == "construction" else grpo_citation()
+        assert f"GRPOTrainer no longer has the {private.kind} {name}," in str(error.value)
+    assert_loud(error, name)
+    assert "trl_entropy/core/trl_bridge.py" in str(error.value)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_trl_no_longer_has_fails_at_construction(name, monkeypatch):
+    for klass in owners(name):
+        monkeypatch.delattr(klass, name)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer has the method {name}\b"):
+        check_class(EntropyGRPOTrainer, TRLBridge)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_whose_parameters_changed_fails_at_construction(name, monkeypatch):
+    def resigned(self, renamed_argument, *args, **kwargs):
+        raise AssertionError("never called")
+
+    nearest = owners(name)[0]
+    monkeypatch.setattr(nearest, name, resigned)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: {nearest.__name__}\.{name} now takes"):
+        check_class(EntropyGRPOTrainer, TRLBridge)
+
+
+# Every (method, parameter) the guard checks, from its own table.
+PARAMETERS = [(name, parameter) for name in METHODS for parameter in PRIVATE_NAMES[name].parameters]
+
+
+@pytest.mark.parametrize("name, parameter", PARAMETERS, ids=[f"{n}-{p}" for n, p in PARAMETERS])
+def test_renaming_any_guarded_parameter_fails_naming_it(name, parameter, monkeypatch):
+    """A TRL whose method renames this one parameter (every other one, later ones included, as installed) fails the
+    guard, which names the method, the parameter, what it became and the TRL version."""
+    nearest = owners(name)[0]
+    signature = inspect.signature(vars(nearest)[name])
+    renamed = [
+        p.replace(name=f"{p.name}_renamed") if p.name == parameter else p for p in signature.parameters.values()
+    ]
+    assert [p.name for p in renamed].count(f"{parameter}_renamed") == 1
+
+    def resigned(self, *args, **kwargs):
+        raise AssertionError("never called")
+
+    resigned.__signature__ = signature.replace(parameters=renamed)
+    monkeypatch.setattr(nearest, name, resigned)
+    with pytest.raises(RuntimeError) as error:
+        check_class(EntropyGRPOTrainer, TRLBridge)
+    message = str(error.value)
+    assert f"trl=={TRL_VERSION}: {nearest.__name__}.{name} now takes" in message
+    position = PRIVATE_NAMES[name].parameters.index(parameter) + 1
+    assert f"its parameter {parameter!r} (position {position}) is '{parameter}_renamed'" in message
+
+
+def test_construction_runs_the_method_check(toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delattr(GRPOTrainer, "_compute_loss")
+    with pytest.raises(RuntimeError, match="no longer has the method _compute_loss"):
+        build_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["_logs", "_pending_metrics"])
+def test_construction_runs_the_attribute_check(name, toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+    """An attribute TRL's ``__init__`` no longer sets fails the construction of our trainer, naming it."""
+    trl_init = GRPOTrainer.__init__
+
+    def init_without(self, *args, **kwargs):
+        trl_init(self, *args, **kwargs)
+        delattr(self, name)
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", init_without)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer sets the attribute {name},"):
+        build_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("name", PASS_AT_K_NAMES)
+def test_pass_at_k_checks_its_names_at_first_use(name, monkeypatch, trl_trainer):
+    """pass@k on a plain trl.GRPOTrainer whose TRL renamed one of the names it uses fails before sampling."""
+    if PRIVATE_NAMES[name].kind == "attribute":
+        monkeypatch.delattr(trl_trainer, name)
+    else:
+        rename_in_trl(monkeypatch, name)
+    with pytest.raises(RuntimeError) as error:
+        count_correct(trl_trainer, build_toy_dataset(2), num_samples=2)
+    assert_loud(error, name)
+
+
+def test_the_cards_citation_checks_grpos_paper(monkeypatch):
+    """TRL's ``_BaseTrainer`` has a ``_paper`` of its own (empty): GRPO's going missing must not pass unnoticed."""
+    monkeypatch.delattr(GRPOTrainer, "_paper")
+    with pytest.raises(
+        RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer has the class attribute _paper,"
+    ):
+        grpo_citation()
+
+
+class TRLWithAnotherLossPath(GRPOTrainer):
+    """A later TRL, simulated: its ``compute_loss`` computes the loss by its own path instead of ``_compute_loss``."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return GRPOTrainer._compute_loss(self, model, inputs)
+
+
+class DriftedTrainer(EntropyGRPOTrainer, TRLWithAnotherLossPath):
+    """Our trainer built on that TRL (its method resolution puts the simulated TRL between us and GRPOTrainer)."""
+
+
+def test_a_loss_computed_around_ours_fails_the_first_step(toy_model_path, toy_tokenizer, tmp_path):
+    trainer = short_run(DriftedTrainer, toy_model_path, toy_tokenizer, tmp_path, max_steps=2)
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: the first training step did not go through"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # stopped at the first step, not later
+
+
+def test_the_guard_lists_exactly_the_private_names_the_bridge_uses():
+    """The guard's table is the set of TRL's and Trainer's private names core/trl_bridge.py touches (read from its
+    source), so a new private use cannot slip past the guard; its overrides are the names the table says it
+    overrides. tests/unit/test_layout.py checks that no other file touches any."""
+    from test_layout import TRL_BRIDGE, tree, trl_private_uses
+
+    bridge = tree(TRL_BRIDGE)
+    assert set(trl_private_uses(bridge)) == set(PRIVATE_NAMES)
+    (bridge_class,) = [node for node in bridge.body if isinstance(node, ast.ClassDef) and node.name == "TRLBridge"]
+    overridden = {item.name for item in bridge_class.body if isinstance(item, ast.FunctionDef)} & set(PRIVATE_NAMES)
+    assert overridden == {name for name, private in PRIVATE_NAMES.items() if private.use == OVERRIDE}

@@ -1,0 +1,253 @@
+"""The layout's rules, read from the source so that they hold after every change: one file per method, each reading
+math → controller → config → trainer; only core/trl_bridge.py touches TRL's or Trainer's private names (methods
+never do); no method imports another; no import circles; files past their size budget warn; nothing cites a file
+outside the repository."""
+
+import ast
+import inspect
+import subprocess
+import textwrap
+import warnings
+from functools import cache
+from pathlib import Path
+
+import pytest
+from trl import GRPOTrainer
+
+from trl_entropy.core.control import Controller
+from trl_entropy.core.trainer import EntropyGRPOTrainer
+from trl_entropy.methods import METHODS, SPECS
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "trl_entropy"
+PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
+TRL_BRIDGE = PACKAGE / "core" / "trl_bridge.py"
+METHODS_DIR = ROOT / "trl_entropy" / "methods"
+# Every file of the methods package but the registry and the declarations' vocabulary (spec.py).
+METHOD_FILES = sorted(path for path in METHODS_DIR.glob("*.py") if path.name not in {"__init__.py", "spec.py"})
+# The registered methods' own modules (cov_selection.py is machinery Clip-Cov and KL-Cov share, not a method).
+METHOD_MODULES = sorted({m.trainer_class.__module__ for m in METHODS.values()} - {EntropyGRPOTrainer.__module__})
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def test_every_registered_method_has_its_own_file():
+    assert METHOD_MODULES == sorted(spec.trainer_class.__module__ for spec in SPECS[1:])  # GRPO: the base's own
+    assert {f"trl_entropy.methods.{path.stem}" for path in METHOD_FILES} >= set(METHOD_MODULES)
+
+
+@cache
+def trl_private_names() -> frozenset[str]:
+    """Every ``_``-prefixed (not dunder) attribute or method of ``trl.GRPOTrainer`` and the classes it builds on
+    (``transformers.Trainer``): defined on the classes, or set or read on ``self`` in their source."""
+    names = set()
+    for klass in GRPOTrainer.__mro__[:-1]:
+        names |= set(vars(klass))
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(klass)))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return frozenset(name for name in names if name.startswith("_") and not name.endswith("__"))
+
+
+def trl_private_uses(module: ast.Module) -> dict[str, list[int]]:
+    """Private names of TRL's or Trainer's that ``module`` touches, with the lines: attribute accesses ``x._name``
+    (reads, writes, calls), and methods or class attributes a class defines under such a name (overrides)."""
+    private = trl_private_names()
+    uses: dict[str, list[int]] = {}
+    for node in ast.walk(module):
+        found = []  # (name, line)
+        if isinstance(node, ast.Attribute):
+            found = [(node.attr, node.lineno)]
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    found.append((item.name, item.lineno))
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    found += [(target.id, item.lineno) for target in targets if isinstance(target, ast.Name)]
+        for name, line in found:
+            if name in private:
+                uses.setdefault(name, []).append(line)
+    return uses
+
+
+def test_trl_private_uses_are_found():
+    """The checks below see every kind of use (a broken check would pass everything), and not our own names."""
+    planted = ast.parse(
+        "class T:\n"
+        "    _tag_names = []\n"
+        "    def _compute_loss(self, model, inputs):\n"
+        "        self._gathered_rewards = self._metrics\n"
+        "        trainer._step = 0\n"
+        "        return trainer._tokenize_prompts(x)\n"
+    )
+    assert set(trl_private_uses(planted)) == {"_tag_names", "_compute_loss", "_metrics", "_step", "_tokenize_prompts"}
+    assert {"_metrics", "_step", "_buffered_inputs", "_logs", "_get_output_dir", "_paper"} <= trl_private_names()
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.name)
+def test_methods_touch_no_private_name_of_trl_or_trainer(path):
+    """What a method needs from TRL's internals is a hook or a name of the base, never TRL's private names."""
+    assert trl_private_uses(tree(path)) == {}
+
+
+def test_only_the_trl_bridge_touches_private_names_of_trl_or_trainer():
+    """core/trl_bridge.py is the one owner of TRL's and Trainer's private names (core/drift.py guards them)."""
+    uses = {
+        path.relative_to(PACKAGE).as_posix(): trl_private_uses(tree(path))
+        for path in PACKAGE_FILES
+        if path != TRL_BRIDGE
+    }
+    assert {path: found for path, found in uses.items() if found} == {}
+    assert trl_private_uses(tree(TRL_BRIDGE))  # the owner: the check sees its uses
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.name)
+def test_no_method_imports_another_method(path):
+    others = {module for module in METHOD_MODULES if module != f"trl_entropy.methods.{path.stem}"}
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            absolute = f"trl_entropy.methods.{module}" if node.level == 1 else module
+            assert absolute not in others, f"{path.name} imports the method {absolute}"
+            siblings = {f"trl_entropy.methods.{alias.name}" for alias in node.names}
+            assert not (node.level == 1 and not module and others & siblings)
+
+
+def section(node: ast.stmt) -> int | None:
+    """0 math, 1 controller, 2 config, 3 trainer; None for constants and imports."""
+    if isinstance(node, ast.FunctionDef):
+        return 0
+    if isinstance(node, ast.ClassDef):
+        bases = {getattr(base, "id", getattr(base, "attr", "")) for base in node.bases}
+        if node.name.endswith("Config"):
+            return 2
+        if node.name.endswith("Trainer"):
+            return 3
+        if any(name.endswith("Controller") or name == Controller.__name__ for name in bases):
+            return 1
+        raise AssertionError(f"class {node.name} fits no section")
+    return None
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.name)
+def test_each_method_file_reads_math_controller_config_trainer(path):
+    sections = [s for s in (section(node) for node in tree(path).body) if s is not None]
+    assert sections == sorted(sections), f"{path.name} is out of order: {sections}"
+    assert 3 in sections, f"{path.name} has no trainer"
+
+
+@pytest.mark.parametrize(
+    ("path", "budget"),
+    [(ROOT / "trl_entropy" / "core" / "trainer.py", 350)] + [(path, 250) for path in METHOD_FILES],
+    ids=lambda value: value.name if isinstance(value, Path) else str(value),
+)
+def test_files_past_their_budget_warn(path, budget):
+    """A size budget is a prompt to split a file by its jobs, not a rule: a file past it warns."""
+    lines = len(path.read_text().splitlines())
+    if lines >= budget:
+        warnings.warn(f"{path.relative_to(ROOT)} has {lines} lines, past its budget of {budget}", stacklevel=1)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, at module level or inside a function: a function-level
+    import only delays a circle to the first call, and the layers must not depend on each other either way. Imports
+    under ``if TYPE_CHECKING:`` never run and do not count (annotations may name each other).
+    ``from package import name`` counts as an import of the module ``package.name`` when that is a module."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    found = set()
+    for node in runtime_nodes(tree(path)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                source = node.module
+            else:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = ".".join(filter(None, [base, node.module]))
+            for alias in node.names:
+                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
+    return found & modules
+
+
+def runtime_nodes(node: ast.AST):
+    """``node`` and everything under it, except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and ast.unparse(child.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}:
+            yield from (item for branch in child.orelse for item in runtime_nodes(branch))
+            continue
+        yield from runtime_nodes(child)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(path): path for path in PACKAGE_FILES}
+    return {name: imported_modules(path, set(modules)) - {name} for name, path in modules.items()}
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of ``graph`` (``[a, b, …, a]``), or None (depth-first search)."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" once every descendant is explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == "open":
+                return path[path.index(child) :] + [child]
+            if child not in state and (cycle := visit(child)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    return next((cycle for node in sorted(graph) if node not in state and (cycle := visit(node))), None)
+
+
+def test_import_cycles_are_found():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    typed = ast.parse("if TYPE_CHECKING:\n    import a\nelse:\n    import b\nimport c\n")
+    assert {node.names[0].name for node in runtime_nodes(typed) if isinstance(node, ast.Import)} == {"b", "c"}
+    graph = import_graph()
+    assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.core.trainer"]
+    assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.evaluation.passk"]
+    assert "trl_entropy.evaluation.entropy_law" in graph["trl_entropy.report"]  # a function-level import
+
+
+def test_the_package_has_no_import_cycles():
+    assert import_cycle(import_graph()) is None
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """Users have the repository only: cite the paper (title, arXiv id, equation) and the method's page under docs/."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    # Spelled in pieces so that this file does not name them itself.
+    outside = ["".join(parts) for parts in [("..", "/shared"), ("shared", "/seeds"), ("SPEC", ".md"), ("SPEC", " v")]]
+    offenders = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix in {".png", ".pt", ".whl"} or not path.is_file():
+            continue
+        text = path.read_text(errors="ignore")
+        offenders += [f"{name}: {marker}" for marker in outside if marker in text]
+    assert offenders == []
+
+
+def test_the_adding_a_method_example_follows_the_rules():
+    """docs/adding_a_method.md's example (trained by tests/unit/test_docs.py) reads as a method file must."""
+    page = (ROOT / "docs" / "adding_a_method.md").read_text()
+    (example,) = [block for block in page.split("```python\n")[1:]]
+    nodes = ast.parse(example.split("```")[0]).body
+    sections = [s for s in (section(node) for node in nodes) if s is not None]
+    assert sections == [0, 1, 2, 3]
+    assert trl_private_uses(ast.Module(body=nodes, type_ignores=[])) == {}

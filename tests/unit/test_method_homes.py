@@ -1,0 +1,179 @@
+"""A method lives in its home: no code file outside it names the method's registry names or its classes.
+
+A method's home is
+* its module, ``trl_entropy/methods/<module>.py``;
+* its tests: ``tests/methods/test_<module>.py``, and for a method built on a shared module of ``methods/`` (Clip-Cov and
+  KL-Cov on ``cov_selection.py``) that shared module's tests (``SHARED_TESTS``);
+* its YAML: every file of ``examples/configs/`` whose ``method:`` is one of its names;
+* the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
+
+A code file is any tracked file but the docs (``*.md``) and binaries. The names are the method's registry names
+(``--method``; its key too where that is one) and its public classes (config, trainer, exports), matched as whole
+words. The base's own settings (``GRPO`` in the registry: grpo, entreg) have no module and are not checked.
+
+``NOT_YET_HOME`` lists what still names a method outside its home; the test fails when a file is added there and when
+one is cleaned (the list only shrinks).
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_entropy.methods import GRPO, SPECS
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_TESTS = {
+    "cov_selection": ("tests/methods/test_cov_selection.py", "tests/_support/cov.py", "tests/_support/cov_scope_run.py")
+}
+BINARY = {".png", ".pt", ".whl", ".safetensors", ".bin"}
+NOT_YET_HOME: dict[str, list[str]] = {
+    "benchmarks/step_bench.py": ["aent"],
+    "examples/accelerate/single_gpu.yaml": ["aent"],
+    "examples/configs/clip_low.yaml": ["adapo"],
+    "examples/toy_sweep.py": ["aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
+    "examples/train.py": ["aent", "repo_r"],
+    "tests/_support/distributed_run.py": ["adapo", "aent", "clip_cov", "kl_cov"],
+    "tests/trainer/test_accumulation.py": ["adapo", "aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
+    "tests/trainer/test_bad_input.py": [
+        "ADAPOConfig",
+        "AEntConfig",
+        "ClipCovConfig",
+        "EntropyAdvantageConfig",
+        "KLCovConfig",
+        "QAEConfig",
+        "REPOConfig",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+        "qae",
+    ],
+    "tests/launch/test_distributed.py": ["aent"],
+    "tests/unit/test_docs.py": ["aent"],
+    "tests/unit/test_evaluation.py": ["AEntConfig", "AEntTrainer", "aent", "repo_r"],
+    "tests/launch/test_examples.py": ["aent", "kl_cov", "repo_d", "repo_r"],
+    "tests/launch/test_gpu_runbook.py": ["adapo", "aent", "clip_cov", "kl_cov"],
+    "tests/trainer/test_lora.py": ["aent"],
+    "tests/trainer/test_model_families.py": ["AEntConfig", "AEntTrainer", "aent"],
+    "tests/unit/test_report.py": [
+        "ADAPOConfig",
+        "ADAPOTrainer",
+        "AEntConfig",
+        "AEntTrainer",
+        "ClipCovConfig",
+        "ClipCovTrainer",
+        "KLCovConfig",
+        "KLCovTrainer",
+        "REPOConfig",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+    ],
+    "tests/trainer/test_resume.py": ["ClipCovTrainer", "adapo", "aent", "clip_cov", "repo_d", "repo_r"],
+    "tests/trainer/test_resume_changes.py": [
+        "ADAPOController",
+        "ADAPOTrainer",
+        "AEntController",
+        "AEntTrainer",
+        "ClipCovTrainer",
+        "KLCovTrainer",
+        "QAETrainer",
+        "REPOController",
+        "REPOTrainer",
+        "adapo",
+        "aent",
+        "clip_cov",
+        "kl_cov",
+        "qae",
+        "repo_r",
+    ],
+    "tests/unit/test_toy_sweep.py": ["clip_cov"],
+    "tests/trainer/test_trainer_api.py": ["AEntConfig", "REPOConfig", "aent", "repo_r"],
+    "tests/trainer/test_vllm.py": ["aent"],
+}
+
+
+def tracked_code_files() -> list[str]:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    this = str(Path(__file__).resolve().relative_to(ROOT))  # it names every method in NOT_YET_HOME
+    return [
+        name
+        for name in files
+        if Path(name).suffix not in BINARY | {".md"} and (ROOT / name).is_file() and name != this
+    ]
+
+
+def module_stem(spec) -> str:
+    return spec.trainer_class.__module__.rsplit(".", 1)[1]
+
+
+def names(spec) -> list[str]:
+    return sorted({*spec.entries(), *spec.public})
+
+
+def home(spec) -> set[str]:
+    stem = module_stem(spec)
+    own = {f"trl_entropy/methods/{stem}.py", f"tests/methods/test_{stem}.py"}
+    source = (ROOT / f"trl_entropy/methods/{stem}.py").read_text()
+    for shared, tests in SHARED_TESTS.items():
+        if f"from .{shared} import" in source:
+            own |= set(tests)
+    for path in (ROOT / "examples" / "configs").glob("*.yaml"):
+        options = yaml.safe_load(path.read_text()) or {}
+        if isinstance(options, dict) and options.get("method") in spec.entries():
+            own.add(str(path.relative_to(ROOT)))
+    return own
+
+
+def mentions(text: str, name: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) is not None
+
+
+def registry_text(spec) -> str:
+    """The registry with this method's one import line taken out."""
+    text = (ROOT / "trl_entropy" / "methods" / "__init__.py").read_text()
+    return re.sub(rf"^from \.{module_stem(spec)} import SPEC as \w+\n", "", text, flags=re.MULTILINE)
+
+
+def outside_home() -> dict[str, list[str]]:
+    """file -> the methods' names it holds outside their home."""
+    found: dict[str, set[str]] = {}
+    texts = {name: (ROOT / name).read_text(errors="ignore") for name in tracked_code_files()}
+    for spec in SPECS:
+        if spec is GRPO:
+            continue
+        allowed = home(spec)
+        for file, text in texts.items():
+            if file in allowed:
+                continue
+            if file == "trl_entropy/methods/__init__.py":
+                text = registry_text(spec)
+            found.setdefault(file, set()).update(name for name in names(spec) if mentions(text, name))
+    return {file: sorted(held) for file, held in sorted(found.items()) if held}
+
+
+def test_the_check_sees_a_name_outside_its_home():
+    """A broken check would pass everything: the word match and the registry line's removal work."""
+    assert mentions("trainer = AEntTrainer(model)", "AEntTrainer")
+    assert not mentions("AEntTrainerish", "AEntTrainer") and not mentions("my_aent", "aent")
+    assert mentions("--method aent", "aent") and mentions('"aent/coef"', "aent")
+    spec = next(spec for spec in SPECS if "aent" in spec.entries())
+    assert "from .aent import" not in registry_text(spec)
+    assert "from .qae import" in registry_text(spec)
+
+
+@pytest.mark.parametrize("spec", [spec for spec in SPECS if spec is not GRPO], ids=lambda spec: spec.key)
+def test_home_holds_the_module_and_its_tests(spec):
+    own = home(spec)
+    assert f"trl_entropy/methods/{module_stem(spec)}.py" in own
+    assert any(path.startswith("tests/methods/test_") and (ROOT / path).is_file() for path in own), sorted(own)
+
+
+def test_no_method_is_named_outside_its_home():
+    assert outside_home() == NOT_YET_HOME

@@ -1,0 +1,43 @@
+"""The toy-value sweep's pick (examples/toy_sweep.py), checked against the criterion docs/demo.md states: the best
+held-out pass@16 among the settings whose training reward is at least GRPO's minus 0.1 (ties: the higher reward)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("toy_sweep", ROOT / "examples" / "toy_sweep.py")
+toy_sweep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(toy_sweep)
+
+
+def summary(reward, pass16):
+    return {"final_reward": reward, "pass_at_k": {1: 0.3, 16: pass16}, "final_entropy": 0.4}
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        ({"a": summary(0.75, 0.6), "b": summary(0.69, 0.9)}, "a"),  # b is 0.11 below GRPO's reward: not eligible
+        ({"a": summary(0.70, 0.6), "b": summary(0.71, 0.7)}, "b"),  # 0.70 is exactly the floor: eligible
+        ({"a": summary(0.72, 0.7), "b": summary(0.75, 0.7)}, "b"),  # a tie on pass@16: the higher reward
+        ({"a": summary(0.5, 0.9), "b": summary(0.6, 0.9)}, None),  # nobody keeps the reward
+    ],
+)
+def test_the_pick_follows_the_stated_criterion(runs, expected):
+    summaries = {"grpo": summary(0.8, 0.4), **runs}
+    assert toy_sweep.pick(summaries, list(runs)) == expected
+
+
+def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
+    for method in toy_sweep.GRIDS:
+        names = [name for name, _ in toy_sweep.grid_points(method)]
+        assert len(set(names)) == len(names) and all("." not in name for name in names)
+    points = toy_sweep.grid_points("clip_cov")[:2]
+    summaries = {"grpo": summary(0.8, 0.4), points[0][0]: summary(0.75, 0.5), points[1][0]: summary(0.6, 0.9)}
+    table = toy_sweep.sweep_table(summaries, points, points[0][0])
+    rows = table.splitlines()
+    assert rows[3].endswith("| yes | **←** |") and rows[4].endswith("| no |  |")
+    assert "| 0.01 | 0.05 | 0.750 |" in rows[3]
