@@ -25,6 +25,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_entropy import (
     ADAPOConfig,
     AEntConfig,
+    CEGPPOConfig,
     ClipCovConfig,
     EntropyAdvantageConfig,
     EntropyGRPOConfig,
@@ -101,6 +102,10 @@ INVALID = {
     EntropyAdvantageConfig: {
         "ent_adv_alpha": [-0.1, nan, inf, True],
         "ent_adv_kappa": [1.0, 0.5, -2.0, nan, inf],  # kappa <= 1: the cap no longer keeps a negative A negative
+    },
+    CEGPPOConfig: {
+        "ce_gppo_beta1": [-0.1, nan, inf, True],
+        "ce_gppo_beta2": [-0.1, nan, inf, True],
     },
 }
 INVALID_CASES = [
