@@ -13,8 +13,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync, toy_config
-from test_base_parity import assert_same_step
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync, toy_config
+from _support.parity import assert_same_step
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
