@@ -49,6 +49,9 @@ ADAPTIVE_METHODS = tuple(
     for name, method in METHODS.items()
     if method.trainer_class.build_controllers is not EntropyGRPOTrainer.build_controllers
 )
+# The methods that read the rollout policy's entropy: they act only off-policy (the rollout policy then differs from the
+# one being trained), so their runs here take two updates per generation batch.
+ROLLOUT_ENTROPY_METHODS = tuple(name for name, method in METHODS.items() if method.trainer_class.needs_rollout_entropy)
 GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
@@ -146,6 +149,8 @@ def method_options(method: str) -> dict:
     from trl_entropy.methods import get_method
 
     options = dict(get_method(method).defaults)
+    if method in ROLLOUT_ENTROPY_METHODS:
+        options.update(num_iterations=2)  # H^old ≠ H on the second update: the rollout entropy matters
     if method == "clip_cov":
         # Every valid token a candidate, a tenth of them detached: the random draw happens on every micro-batch.
         options.update(clip_cov_ratio=0.1, clip_cov_lb=-10.0, clip_cov_ub=10.0)
