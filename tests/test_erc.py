@@ -22,7 +22,9 @@ import pytest
 import torch
 from conftest import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, naive_entropy, toy_config
 from distributed_run import logged, make_rollout, make_trainer, ranked_reward
+from peft import get_peft_model
 from test_base_parity import assert_same_step
+from test_lora import lora_config
 from test_resume import CHECKPOINT, assert_resumed_equals_straight, step_values
 from test_resume import train as train_with_checkpoints
 from transformers import AutoModelForCausalLM
@@ -423,12 +425,13 @@ def test_the_default_band_on_an_on_policy_batch_equals_grpo_trainer(toy_model_pa
 
 
 class RecordingERCTrainer(ERCTrainer):
-    """ERC that records the policy's weights at each generation batch (the rollout policy) and, for each training
-    micro-batch, its tokens, the rollout entropy the loss step reads and the entropy of the pass itself."""
+    """ERC that records the policy's weights at each generation batch (the rollout policy, LoRA adapter included)
+    and, for each training micro-batch, its tokens, the rollout entropy the loss step reads and the entropy of the pass
+    itself."""
 
     def on_generation_batch(self, batch):
         super().on_generation_batch(batch)
-        self.rollout_weights.append({n: w.detach().clone() for n, w in self.model.state_dict().items()})
+        self.rollout_weights.append({name: w.detach().clone() for name, w in self.model.state_dict().items()})
 
     def completion_batch(self, inputs, scored):
         batch = super().completion_batch(inputs, scored)
@@ -447,6 +450,8 @@ class RecordingERCTrainer(ERCTrainer):
 
 
 LAYOUTS = {  # (options, whether TRL computes rollout log-probs), eight completions per optimizer step
+    # A LoRA adapter: TRL scores the reference with the adapter switched off, through the same module as the policy.
+    "lora": (dict(per_device_train_batch_size=8, num_iterations=2, peft=True), True),
     "accumulation": (dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_iterations=1), False),
     "steps_per_generation": (dict(per_device_train_batch_size=4, steps_per_generation=2, num_iterations=1), True),
     "num_iterations": (dict(per_device_train_batch_size=8, num_iterations=2), True),
@@ -463,6 +468,8 @@ def test_the_carried_rollout_entropy_is_the_rollout_policys_in_every_layout(layo
     at every valid token: the right pass (not the reference model's: beta > 0, and the policy has moved from it by the
     second generation), the right rows after TRL's shuffle and split, and kept across the cycle's later updates."""
     options, off_policy = LAYOUTS[layout]
+    options = dict(options)
+    peft_config = lora_config() if options.pop("peft", False) else None
     generate_every = options.get("steps_per_generation", options.get("gradient_accumulation_steps", 1))
     generate_every *= options["num_iterations"]
     steps = 2 * generate_every // options.get("gradient_accumulation_steps", 1) + 1  # three generation batches
@@ -487,18 +494,21 @@ def test_the_carried_rollout_entropy_is_the_rollout_policys_in_every_layout(layo
             args=args,
             train_dataset=build_toy_dataset(64, seed=0),
             rollout_func=make_rollout(),
+            peft_config=peft_config,
         )
     trainer.rollout_weights, trainer.micro_batches = [], []
     trainer.train()
     assert len(trainer.rollout_weights) == 3
     assert len(trainer.micro_batches) == steps * options.get("gradient_accumulation_steps", 1)
 
+    reference = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)  # LoRA: the base model
     policy = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)
-    reference = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)
+    if peft_config is not None:
+        policy = get_peft_model(policy, lora_config())
     moved_from_rollout = moved_from_reference = 0.0
     for record in trainer.micro_batches:
         assert record["carried"] == off_policy
-        policy.load_state_dict({n: w.double() for n, w in trainer.rollout_weights[record["rollout"]].items()})
+        policy.load_state_dict({name: w.double() for name, w in trainer.rollout_weights[record["rollout"]].items()})
         rollout_entropy = naive_entropy(policy, record["tokens"])
         mask = record["tokens"]["completion_mask"].bool()
         old_entropy = record["old_entropy"].double()
