@@ -49,9 +49,9 @@ ADAPTIVE_METHODS = tuple(
     for name, method in METHODS.items()
     if method.trainer_class.build_controllers is not EntropyGRPOTrainer.build_controllers
 )
-# The methods that read the rollout policy's entropy: they act only off-policy (the rollout policy then differs from the
-# one being trained), so their runs here take two updates per generation batch.
-ROLLOUT_ENTROPY_METHODS = tuple(name for name, method in METHODS.items() if method.trainer_class.needs_rollout_entropy)
+# The methods that read the rollout policy's entropy: they act only off-policy (where the rollout policy differs from
+# the one being trained), so their runs here take two updates per generation batch.
+ROLLOUT_ENTROPY_METHODS = tuple(name for name, m in METHODS.items() if m.trainer_class.needs_rollout_entropy)
 GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
@@ -210,6 +210,13 @@ def make_trainer(
 
 def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
+
+
+def method_metrics(trainer, method: str) -> dict[str, list[float]]:
+    """The logged values of every metric the registered ``method`` declares."""
+    from trl_entropy.methods import get_method
+
+    return {metric.key: logged(trainer, metric.key) for metric in get_method(method).metrics}
 
 
 VLLM_OPTIONS = dict(
@@ -390,6 +397,8 @@ def run(
         "loss": logged(trainer, "loss"),
         "entropy": logged(trainer, "entropy"),
         "reward": logged(trainer, "reward"),
+        # every metric the method declares (e.g. how many tokens its gate kept), per logged step
+        "method_metrics": {} if method == TRL_REFERENCE else method_metrics(trainer, method),
         "sharding": sharding_record(trainer),
         "head_weight_reads": head_weight_reads,
     }

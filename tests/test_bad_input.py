@@ -28,6 +28,7 @@ from trl_entropy import (
     ClipCovConfig,
     EntropyAdvantageConfig,
     EntropyGRPOConfig,
+    ERCConfig,
     KLCovConfig,
     QAEConfig,
     REPOConfig,
@@ -101,6 +102,10 @@ INVALID = {
     EntropyAdvantageConfig: {
         "ent_adv_alpha": [-0.1, nan, inf, True],
         "ent_adv_kappa": [1.0, 0.5, -2.0, nan, inf],  # kappa <= 1: the cap no longer keeps a negative A negative
+    },
+    ERCConfig: {
+        "erc_low": [-0.1, nan, inf, True, 1.0, 1.05],  # 1.0: ratio 1 left out of the band; 1.05: the default erc_high
+        "erc_high": [0, -1.0, nan, True, 1.0, 0.95],  # 0.95: the default erc_low
     },
 }
 INVALID_CASES = [

@@ -217,9 +217,10 @@ class LocalHub:
 
 
 # What a pushed checkpoint must hold beyond Trainer's own files, per method: each rank's buffered generation batch (the
-# checkpoint is inside a cycle) and, for Clip-Cov, each rank's random generator.
+# checkpoint is inside a cycle; ERC's carries the rollout entropies) and, for Clip-Cov, each rank's random generator.
 PUSHED = {
     "repo_r": [GENERATION_BATCH_FILE.format(process_index=0)],
+    "erc": [GENERATION_BATCH_FILE.format(process_index=0)],  # with the rollout entropies it carries
     "clip_cov": [GENERATION_BATCH_FILE.format(process_index=0), CLIP_COV_GENERATOR_FILE.format(process_index=0)],
 }
 
