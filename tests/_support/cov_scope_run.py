@@ -3,7 +3,8 @@
     python tests/_support/cov_scope_run.py --model DIR/toy --out DIR/one --per-device-batch-size 8
     python tests/_support/cov_scope_run.py --model DIR/toy --out DIR/accumulated --per-device-batch-size 4 \
         --gradient-accumulation-steps 2
-    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 tests/_support/cov_scope_run.py --model DIR/toy \
+    CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 tests/_support/cov_scope_run.py \
+        --model DIR/toy \
         --out DIR/two --per-device-batch-size 4
     python tests/_support/cov_scope_run.py --model DIR/toy --compare DIR/one DIR/accumulated DIR/two
 
@@ -14,7 +15,8 @@ each process uses the CPU and gloo; ``--cpu`` would start a single process.) Com
 scope, how far each layout's final weights lie from the first layout's (relative to the update,
 :func:`update_difference`) and whether it selected the same tokens.
 A missing ``--model`` folder is filled with the warm-started toy policy first (by a one-process run).
-tests/methods/test_cov_selection.py imports :func:`train_recording`, :func:`load_records` and :func:`update_difference`.
+tests/methods/test_cov_selection.py imports :func:`train_recording`, :func:`load_records` and
+:func:`update_difference`.
 
 The runs use plain SGD, so that a difference in the weights is proportional to a difference in the gradients: Adam's
 first updates are sign-like, and turn rounding noise in a near-zero gradient entry into a step of the full learning

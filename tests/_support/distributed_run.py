@@ -1,11 +1,13 @@
 """A short toy training run of one or more trainers, written for ``accelerate launch`` and for a plain process.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/_support/distributed_run.py --model PATH --out DIR --methods aent
+    accelerate launch --multi_gpu --num_processes 2 tests/_support/distributed_run.py \
+        --model PATH --out DIR --methods aent
     accelerate launch --use_deepspeed --deepspeed_config_file tests/_support/zero3_cpu.json --num_processes 2 \
         tests/_support/distributed_run.py --model PATH --out DIR --methods aent,grpo
     accelerate launch --multi_gpu --num_processes 2 tests/_support/distributed_run.py --fsdp2 --model PATH --out DIR
     python tests/_support/distributed_run.py --model PATH --out DIR --methods aent,adapo --per-device-batch-size 8
-    python tests/_support/distributed_run.py --model DIR/toy --out DIR --methods all --vllm colocate --steps 5   # GPU + vLLM
+    # on a GPU, with vLLM:
+    python tests/_support/distributed_run.py --model DIR/toy --out DIR --methods all --vllm colocate --steps 5
 
 (On the CPU: ``CUDA_VISIBLE_DEVICES=""``, and ``DS_ACCELERATOR=cpu`` for DeepSpeed; docs/distributed.md has the full
 commands.) Completions come from :func:`deterministic_rollout` (TRL's ``rollout_func`` hook), a fixed function of the
@@ -49,6 +51,9 @@ ADAPTIVE_METHODS = tuple(
     for name, method in METHODS.items()
     if method.trainer_class.build_controllers is not EntropyGRPOTrainer.build_controllers
 )
+# The methods that read the rollout policy's entropy: they act only off-policy (where the rollout policy differs from
+# the one being trained), so their runs here take two updates per generation batch.
+ROLLOUT_ENTROPY_METHODS = tuple(name for name, m in METHODS.items() if m.trainer_class.needs_rollout_entropy)
 GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
@@ -146,6 +151,8 @@ def method_options(method: str) -> dict:
     from trl_entropy.methods import get_method
 
     options = dict(get_method(method).defaults)
+    if method in ROLLOUT_ENTROPY_METHODS:
+        options.update(num_iterations=2)  # H^old ≠ H on the second update: the rollout entropy matters
     if method == "clip_cov":
         # Every valid token a candidate, a tenth of them detached: the random draw happens on every micro-batch.
         options.update(clip_cov_ratio=0.1, clip_cov_lb=-10.0, clip_cov_ub=10.0)
@@ -205,6 +212,13 @@ def make_trainer(
 
 def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
+
+
+def method_metrics(trainer, method: str) -> dict[str, list[float]]:
+    """The logged values of every metric the registered ``method`` declares."""
+    from trl_entropy.methods import get_method
+
+    return {metric.key: logged(trainer, metric.key) for metric in get_method(method).metrics}
 
 
 VLLM_OPTIONS = dict(
@@ -385,6 +399,8 @@ def run(
         "loss": logged(trainer, "loss"),
         "entropy": logged(trainer, "entropy"),
         "reward": logged(trainer, "reward"),
+        # every metric the method declares (e.g. how many tokens its gate kept), per logged step
+        "method_metrics": {} if method == TRL_REFERENCE else method_metrics(trainer, method),
         "sharding": sharding_record(trainer),
         "head_weight_reads": head_weight_reads,
     }

@@ -16,8 +16,12 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
     """A GRPO micro-batch as ``_generate_and_score_completions`` returns it, with padding on both sides.
 
     The rollout and reference log-probs are the model's own (computed here from the full logits) plus noise, so the
-    ratios fall on both sides of the clip range.
+    ratios fall on both sides of the clip range. With rollout log-probs comes the rollout entropy (``old_entropy``,
+    what a trainer that reads it finds there): the model's own, without noise (no random draw: the rest of the batch
+    is as it was).
     """
+    from trl_entropy.core.batch import OLD_ENTROPY_KEY
+
     generator = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(4, vocab_size, (batch, prompt_len), generator=generator)
     prompt_mask = torch.ones(batch, prompt_len, dtype=torch.long)
@@ -30,8 +34,9 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
         input_ids = torch.cat([prompt_ids, completion_ids], 1)
         attention_mask = torch.cat([prompt_mask, completion_mask], 1)
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-        log_probs = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
-        log_probs = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+        log_softmax = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
+        log_probs = log_softmax.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1).float()
     inputs = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -42,6 +47,7 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
     }
     if old_noise is not None:
         inputs["old_per_token_logps"] = log_probs + old_noise * torch.randn(log_probs.shape, generator=generator)
+        inputs[OLD_ENTROPY_KEY] = entropy
     if ref:
         inputs["ref_per_token_logps"] = log_probs + 0.2 * torch.randn(log_probs.shape, generator=generator)
     return inputs

@@ -1,4 +1,5 @@
-"""The clamp's threshold search (``trl_entropy/kernels/_select.py``) and the clamp's boundary on tied logits (PyTorch path; the
+"""The clamp's threshold search (``trl_entropy/kernels/_select.py``) and the clamp's boundary on tied logits (PyTorch
+path; the
 Triton path runs the same boundary checks in ``test_kernel_triton.py``'s interpreter script)."""
 
 import functools

@@ -2,7 +2,8 @@
 
 * ``test_triton_interpreter_matches_float64`` runs this file as a script in a subprocess with ``TRITON_INTERPRET=1``
   (Triton reads it when the kernels are decorated, so it cannot be switched on inside this pytest process without
-  affecting everything else). The script loads ``trl_entropy/kernels/`` standalone, without importing ``trl_entropy``/TRL, and
+  affecting everything else). The script loads ``trl_entropy/kernels/`` standalone, without importing
+  ``trl_entropy``/TRL, and
   checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300), with
   and without TRL's logit map (soft-cap and logit scale), and the clamp's boundary on tied logits (``clamp_boundary``),
   which a copy of the kernels with ``>=`` planted in their kept tests must fail.

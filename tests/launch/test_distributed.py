@@ -7,8 +7,10 @@ statistic reduced across ranks, and the controller update. Two ranks with 4 comp
 with 8: the loss, the controller value after every step, and the full weights after three optimizer steps. Every rank
 must hold the same controller value after every step.
 
-* DDP: each adaptive trainer (AEnt, REPO-R, REPO-D, ADAPO).
-* ZeRO-3 (``tests/_support/zero3_cpu.json``: every parameter partitioned, ``stage3_param_persistence_threshold: 0``) and FSDP2
+* DDP: each adaptive trainer (AEnt, REPO-R, REPO-D, ADAPO), the methods that gather every rank's rewards, and those
+  that read the rollout policy's entropy.
+* ZeRO-3 (``tests/_support/zero3_cpu.json``: every parameter partitioned, ``stage3_param_persistence_threshold: 0``)
+and FSDP2
   (``fully_shard`` on each decoder layer, on the LM head as its own unit, on the root; applied by the run script, since
   accelerate on the CPU turns an FSDP config into DDP), each with a tied and an untied LM head: AEnt (a controller) and
   the base with control off, which must also match ``trl.GRPOTrainer`` on one process. The records say what ran
@@ -25,6 +27,7 @@ import pytest
 import torch
 from _support.distributed_run import (
     ADAPTIVE_METHODS,
+    ROLLOUT_ENTROPY_METHODS,
     TRL_REFERENCE,
     finish,
     launch_two_processes,
@@ -69,9 +72,14 @@ def launch(launcher_options: list[str], script_options: list[str], folder: Path,
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-# The adaptive trainers, and the methods whose advantages need every rank's rewards (a group baseline taken over the
-# rewards gathered from all ranks, then each rank keeps its own rows).
-TWO_PROCESS_METHODS = (*ADAPTIVE_METHODS, *(name for name, spec in METHODS.items() if spec.needs_all_ranks_rewards))
+# The adaptive trainers, the methods whose advantages need every rank's rewards (a group baseline taken over the
+# rewards gathered from all ranks, then each rank keeps its own rows), and those that read the rollout policy's entropy
+# (each rank carries its own rows of it through TRL's shuffle and split; they run with two updates per rollout).
+TWO_PROCESS_METHODS = (
+    *ADAPTIVE_METHODS,
+    *(name for name, spec in METHODS.items() if spec.needs_all_ranks_rewards),
+    *ROLLOUT_ENTROPY_METHODS,
+)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +125,10 @@ def test_two_processes_reproduce_one_process(runs, method):
     assert rank0["entropy"] == pytest.approx(one["entropy"], rel=1e-5)
     assert rank0["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
     assert max_weight_difference(weights0, one_weights) < WEIGHTS_ATOL
+    if method in ROLLOUT_ENTROPY_METHODS:  # each rank's rows of the rollout entropy gate the same tokens
+        for key, values in one["method_metrics"].items():
+            assert rank0["method_metrics"][key] == pytest.approx(values, rel=1e-5, abs=1e-7), key
+            assert len(set(values)) > 1, f"{key} never moved: the check would be weak"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, cpu_path, to
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
+
+
 @pytest.fixture(scope="session")
 def toy_cache():
     """The test suite's toy-policy cache with the seed-0 policy built (every run below loads it from there)."""

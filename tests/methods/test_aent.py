@@ -1,5 +1,6 @@
 """AEnt: config, the coefficient controller, the loss and gradients against a float64 reference (TRL's
-high-entropy filter included) and an end-to-end run on the toy task. Checkpoints: tests/trainer/test_resume.py; accumulation
+high-entropy filter included) and an end-to-end run on the toy task. Checkpoints: tests/trainer/test_resume.py;
+accumulation
 and cycle timing: tests/trainer/test_accumulation.py; invalid config values: tests/trainer/test_bad_input.py."""
 
 import json

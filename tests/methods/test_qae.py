@@ -2,7 +2,8 @@
 K-quantile baseline and the advantages against a float64 reading of the formula written out here, the base's
 rebaselining plumbing against TRL's own advantages, the loss step against trl.GRPOTrainer fed the reference
 advantages, and a training run whose generation batches carry the reference advantages and the gate's metrics.
-Checkpoints: tests/trainer/test_resume.py; accumulation: tests/trainer/test_accumulation.py; bad values: tests/trainer/test_bad_input.py."""
+Checkpoints: tests/trainer/test_resume.py; accumulation: tests/trainer/test_accumulation.py; bad values:
+tests/trainer/test_bad_input.py."""
 
 import math
 

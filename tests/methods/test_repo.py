@@ -1,5 +1,6 @@
 """REPO-D and REPO-R: per-token advantages, the entropy-bonus equivalence, the β controller, the trainer's loss and
-gradients against trl.GRPOTrainer fed the paper's advantages. Checkpoints: tests/trainer/test_resume.py; accumulation and cycle
+gradients against trl.GRPOTrainer fed the paper's advantages. Checkpoints: tests/trainer/test_resume.py; accumulation
+and cycle
 timing: tests/trainer/test_accumulation.py; invalid config values: tests/trainer/test_bad_input.py."""
 
 import json

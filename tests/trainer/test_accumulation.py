@@ -11,7 +11,7 @@ two levels:
   over one accumulation window, for every method and loss type, over two optimizer steps (so the second step's loss
   uses the controller value the first window produced);
 * the training loop: ``per_device_train_batch_size=8`` against 4 with ``gradient_accumulation_steps=2``, three
-  optimizer steps of each adaptive trainer on the same completions.
+  optimizer steps of each adaptive trainer, and of each method that reads the rollout entropy, on the same completions.
 
 A token mean taken per micro-batch (``bnpo``, AEnt's bonus, TRL's entropy bonus) equals the full batch's token mean
 only when the two halves hold as many tokens; that is how TRL defines them, so the batches here split into halves of
@@ -20,9 +20,17 @@ equal token counts. The controllers' statistic is a window sum and needs no such
 
 import pytest
 import torch
-from _support.distributed_run import ADAPTIVE_METHODS, ControllerRecorder, logged, make_rollout, make_trainer
+from _support.distributed_run import (
+    ADAPTIVE_METHODS,
+    ROLLOUT_ENTROPY_METHODS,
+    ControllerRecorder,
+    logged,
+    make_rollout,
+    make_trainer,
+)
 from _support.grpo import make_grpo_batch, naive_entropy
 
+from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.methods import get_method
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
@@ -41,6 +49,9 @@ METHOD_OPTIONS = {
     "repo_r": {"repo_beta": -0.04, "repo_entropy_target": 5.0},  # pushing the wrong way: halved each cycle
     "repo_d": {"repo_beta": 0.01, "repo_entropy_target": 5.0},
     "adapo": {"adapo_entropy_target": 5.0},
+    # The methods that gate on the rollout entropy, at their defaults: batch() sets rollout entropies that put some
+    # tokens out of their band.
+    **{name: {"num_iterations": 2} for name in ROLLOUT_ENTROPY_METHODS},
 }
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 CASES = [
@@ -80,6 +91,8 @@ def batch(model, vocab_size, seed):
     inputs = make_grpo_batch(model, vocab_size, batch=8, seed=seed)
     inputs["completion_mask"] = (torch.arange(6) < torch.tensor(LENGTHS).unsqueeze(1)).long()
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()  # the generation batch's tokens
+    # Rollout entropies off the model's on alternate tokens (only the methods that declare they need them read them).
+    inputs[OLD_ENTROPY_KEY] = inputs[OLD_ENTROPY_KEY] * torch.tensor([1.0, 0.8, 1.0, 1.25, 1.0, 0.8])
     return inputs
 
 
@@ -138,9 +151,10 @@ def test_half_micro_batches_reproduce_one_micro_batch(case, loss_type, toy_model
         assert controller_states(one) != initial, "no controller moved: the comparison would be vacuous"
 
 
-@pytest.mark.parametrize("method", ADAPTIVE_METHODS)
+@pytest.mark.parametrize("method", [*ADAPTIVE_METHODS, *ROLLOUT_ENTROPY_METHODS])
 def test_training_with_accumulation_reproduces_training_without(method, warm_toy_policy_path, tmp_path):
-    """The training loop, on equal-length completions: the halves TRL shuffles into hold equal token counts."""
+    """The training loop, on equal-length completions: the halves TRL shuffles into hold equal token counts. The
+    methods that read the rollout entropy (two updates per rollout) gate the same tokens with either split."""
     rollout = make_rollout(lengths=(3, 3, 3, 3))
     runs = []
     for accumulation in (1, 2):
@@ -161,8 +175,15 @@ def test_training_with_accumulation_reproduces_training_without(method, warm_toy
         trainer.train()
         runs.append((trainer, recorder.values))
     (one, one_values), (two, two_values) = runs
-    assert len(one_values) == 3 and len(set(one_values)) > 1
-    assert two_values == pytest.approx(one_values, rel=1e-6, abs=1e-12)
+    assert len(one_values) == 3
+    if method in ADAPTIVE_METHODS:
+        assert len(set(one_values)) > 1
+        assert two_values == pytest.approx(one_values, rel=1e-6, abs=1e-12)
+    else:
+        assert one_values == two_values == [None] * 3  # no controller
+    for metric in get_method(method).metrics if method in ROLLOUT_ENTROPY_METHODS else ():
+        assert logged(two, metric.key) == pytest.approx(logged(one, metric.key), rel=1e-5, abs=1e-7), metric.key
+        assert len(set(logged(one, metric.key))) > 1, f"{metric.key} never moved: the check would be weak"
     assert logged(two, "loss") == pytest.approx(logged(one, "loss"), rel=1e-4, abs=1e-6)
     assert logged(two, "entropy") == pytest.approx(logged(one, "entropy"), rel=1e-5)
     for (name, weight), other in zip(one.model.named_parameters(), two.model.parameters(), strict=True):

@@ -29,6 +29,7 @@ from trl_entropy import (
     ClipCovConfig,
     EntropyAdvantageConfig,
     EntropyGRPOConfig,
+    ERCConfig,
     KLCovConfig,
     QAEConfig,
     REPOConfig,
@@ -106,6 +107,10 @@ INVALID = {
     CEGPPOConfig: {
         "ce_gppo_beta1": [-0.1, nan, inf, True],
         "ce_gppo_beta2": [-0.1, nan, inf, True],
+    },
+    ERCConfig: {
+        "erc_low": [-0.1, nan, inf, True, 1.0, 1.05],  # 1.0: ratio 1 left out of the band; 1.05: the default erc_high
+        "erc_high": [0, -1.0, nan, True, 1.0, 0.95],  # 0.95: the default erc_low
     },
 }
 INVALID_CASES = [

@@ -5,7 +5,8 @@ A run of N steps straight equals the same run resumed from one of its checkpoint
 middle of a cycle: the controllers' partial cycle statistics and the buffered generation batch must come back with
 them. The completions are sampled from the policy (no fixed rollout), so the resumed run also has to restore the data
 order and the random state; the rewards rank the completions inside their group, so every step has advantages and a
-loss of its own whichever tokens this CPU's numerics lead the policy to sample. The controller state travels in ``trainer_state.json`` (``stateful_callbacks``), written
+loss of its own whichever tokens this CPU's numerics lead the policy to sample. The controller state travels in
+``trainer_state.json`` (``stateful_callbacks``), written
 before Trainer pushes a checkpoint to the Hub: a pushed checkpoint carries it and resumes exactly; a checkpoint
 without it is refused.
 """
@@ -224,9 +225,10 @@ class LocalHub:
 
 
 # What a pushed checkpoint must hold beyond Trainer's own files, per method: each rank's buffered generation batch (the
-# checkpoint is inside a cycle) and, for Clip-Cov, each rank's random generator.
+# checkpoint is inside a cycle; ERC's carries the rollout entropies) and, for Clip-Cov, each rank's random generator.
 PUSHED = {
     "repo_r": [GENERATION_BATCH_FILE.format(process_index=0)],
+    "erc": [GENERATION_BATCH_FILE.format(process_index=0)],  # with the rollout entropies it carries
     "clip_cov": [GENERATION_BATCH_FILE.format(process_index=0), CLIP_COV_GENERATOR_FILE.format(process_index=0)],
 }
 

@@ -1,6 +1,7 @@
 """The guards against TRL drift (trl_entropy/core/drift.py): a later TRL that renames, re-signs or stops calling a
 private name that core/trl_bridge.py uses must fail loudly, naming the TRL version and the name; TRL 1.16 passes every
-guard. One case per name of the guard's table, and a check that the table is exactly what the bridge uses."""
+guard. One case per name of the guard's table, a check that the table is exactly what the bridge uses, and the check of
+the pass whose entropy is the rollout policy's."""
 
 import ast
 import inspect
@@ -11,6 +12,7 @@ from _support.grpo import build_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.core.drift import (
     INSTANCE_ATTRIBUTES,
     OVERRIDE,
@@ -218,3 +220,74 @@ def test_the_guard_lists_exactly_the_private_names_the_bridge_uses():
     (bridge_class,) = [node for node in bridge.body if isinstance(node, ast.ClassDef) and node.name == "TRLBridge"]
     overridden = {item.name for item in bridge_class.body if isinstance(item, ast.FunctionDef)} & set(PRIVATE_NAMES)
     assert overridden == {name for name, private in PRIVATE_NAMES.items() if private.use == OVERRIDE}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The rollout entropy: read off the pass that computes TRL's rollout log-probs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RolloutEntropyTrainer(EntropyGRPOTrainer):
+    """The base with a method's declaration that it reads the rollout policy's entropy."""
+
+    needs_rollout_entropy = True
+
+
+class TRLWithAnotherRolloutPath(GRPOTrainer):
+    """A later TRL, simulated: its rollout log-probs reach the generation batch by another path than the scoring
+    method our bridge overrides (here: a copy of them), or not at all where its rule still says off-policy."""
+
+    drop = False
+
+    def _generate_and_score_completions(self, inputs):
+        output = GRPOTrainer._generate_and_score_completions(self, inputs)
+        old_log_probs = output.pop("old_per_token_logps")
+        if not self.drop:
+            output["old_per_token_logps"] = old_log_probs.clone()
+        return output
+
+
+class DriftedRolloutTrainer(RolloutEntropyTrainer, TRLWithAnotherRolloutPath):
+    """Our trainer built on that TRL."""
+
+
+def rollout_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, num_iterations=2):
+    args = EntropyGRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=2,
+        num_iterations=num_iterations,
+        beta=0.04,  # a reference model's scoring call too
+        report_to=[],
+        use_cpu=True,
+    )
+    return trainer_class(
+        model=toy_model_path,
+        processing_class=toy_tokenizer,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=build_toy_dataset(8),
+    )
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2], ids=["on_policy", "off_policy"])
+def test_the_rollout_entropy_check_is_silent_on_the_supported_trl(
+    num_iterations, toy_model_path, toy_tokenizer, tmp_path
+):
+    trainer = rollout_run(RolloutEntropyTrainer, toy_model_path, toy_tokenizer, tmp_path, num_iterations)
+    trainer.train()
+    (batch,) = trainer.buffered_generation_batch
+    assert (OLD_ENTROPY_KEY in batch) == (num_iterations > 1) == ("old_per_token_logps" in batch)
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["another_path", "missing"])
+def test_rollout_log_probs_from_another_path_fail_loudly(drop, toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(TRLWithAnotherRolloutPath, "drop", drop)
+    trainer = rollout_run(DriftedRolloutTrainer, toy_model_path, toy_tokenizer, tmp_path)
+    problem = "without old_per_token_logps where TRL's rule" if drop else "did not come from _get_per_token_logps"
+    with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: .*{problem}") as error:
+        trainer.train()
+    assert "trl_entropy/core/trl_bridge.py" in str(error.value)
+    assert trainer.state.global_step == 0  # before the first update

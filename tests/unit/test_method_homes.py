@@ -2,7 +2,8 @@
 
 A method's home is
 * its module, ``trl_entropy/methods/<module>.py``;
-* its tests: ``tests/methods/test_<module>.py``, and for a method built on a shared module of ``methods/`` (Clip-Cov and
+* its tests: ``tests/methods/test_<module>.py``, and for a method built on a shared module of ``methods/`` (Clip-Cov
+and
   KL-Cov on ``cov_selection.py``) that shared module's tests (``SHARED_TESTS``);
 * its YAML: every file of ``examples/configs/`` whose ``method:`` is one of its names;
 * the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
@@ -27,7 +28,11 @@ from trl_entropy.methods import GRPO, SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_TESTS = {
-    "cov_selection": ("tests/methods/test_cov_selection.py", "tests/_support/cov.py", "tests/_support/cov_scope_run.py")
+    "cov_selection": (
+        "tests/methods/test_cov_selection.py",
+        "tests/_support/cov.py",
+        "tests/_support/cov_scope_run.py",
+    )
 }
 BINARY = {".png", ".pt", ".whl", ".safetensors", ".bin"}
 NOT_YET_HOME: dict[str, list[str]] = {
@@ -43,6 +48,7 @@ NOT_YET_HOME: dict[str, list[str]] = {
         "AEntConfig",
         "CEGPPOConfig",
         "ClipCovConfig",
+        "ERCConfig",
         "EntropyAdvantageConfig",
         "KLCovConfig",
         "QAEConfig",
@@ -76,7 +82,7 @@ NOT_YET_HOME: dict[str, list[str]] = {
         "clip_cov",
         "kl_cov",
     ],
-    "tests/trainer/test_resume.py": ["ClipCovTrainer", "adapo", "aent", "clip_cov", "repo_d", "repo_r"],
+    "tests/trainer/test_resume.py": ["ClipCovTrainer", "adapo", "aent", "clip_cov", "erc", "repo_d", "repo_r"],
     "tests/trainer/test_resume_changes.py": [
         "ADAPOController",
         "ADAPOTrainer",

@@ -5,6 +5,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+# The generation batch's key for the rollout policy's full entropy H^old, (B, T): kept only for a trainer that declares
+# ``needs_rollout_entropy`` (computed in the pass that computes TRL's old_per_token_logps; TRL's shuffle and split
+# carry it to the micro-batches with the rest of the batch).
+OLD_ENTROPY_KEY = "old_entropy"
+
+
 @dataclass
 class CompletionBatch:
     """One micro-batch of completions as the loss step sees it. Per-token tensors are ``(B, T)``: ``B`` completions,
@@ -27,6 +33,9 @@ class CompletionBatch:
             Set by the base before any hook sees the batch.
         importance_sampling_ratio: TRL's vLLM importance-sampling ratios of this micro-batch (vLLM with
             ``vllm_importance_sampling_correction``), or ``None``; VESPO folds them into its sequence weight.
+        old_entropy: ``H^old_t``, the full entropy of the rollout policy at each position, detached, for a trainer
+            that declares ``needs_rollout_entropy`` (``None`` for every other). Computed in the same pass as
+            ``old_log_probs``; equal to ``entropy.detach()`` when training is on-policy (TRL then computes neither).
         carried: the per-token tensors of this micro-batch that the method asked to carry from its generation batch
             (the keys of ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation batch.
     """
@@ -40,4 +49,5 @@ class CompletionBatch:
     mode: str = "train"
     entropy_mask: torch.Tensor | None = None
     importance_sampling_ratio: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
     carried: dict[str, torch.Tensor] = field(default_factory=dict)

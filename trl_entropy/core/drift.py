@@ -14,6 +14,11 @@ When each name is checked:
 * ``"first use"``: pass@k (``evaluation/passk.py``) samples with any ``trl.GRPOTrainer``, not only ours, and the GRPO
   citation is read when a method module is imported, so these are checked where they are used. The pass@k names are
   also checked at construction of our trainers.
+
+Beyond the names, one behaviour is checked on every generation batch of a trainer that keeps the rollout entropy
+(``needs_rollout_entropy``): TRL's ``old_per_token_logps`` is the very tensor one call of the bridge's
+``_get_per_token_logps_and_entropies`` returned, so that call's entropy is the rollout policy's, and TRL computed it
+wherever its own rule says it does (:func:`check_rollout_entropy`).
 """
 
 import inspect
@@ -155,6 +160,26 @@ def check_grpo_citation(grpo_trainer_class: type) -> None:
     """GRPO's ``_paper`` still holds the citation every method's card puts after its own."""
     if "citation" not in getattr(grpo_trainer_class, "_paper", {}):
         raise drift_error("class attribute", "_paper", "GRPOTrainer no longer has the class attribute _paper")
+
+
+def check_rollout_entropy(has_old_log_probs: bool, matched: bool, expected: bool) -> None:
+    """Raise RuntimeError unless the rollout entropy can be read off TRL's generation batch: ``old_per_token_logps``
+    present wherever TRL's rule computes it (``expected``: ``gradient_accumulation_steps`` not a multiple of
+    ``steps_per_generation * num_iterations``, or vLLM's importance-sampling correction), and ``matched``: returned by
+    a call of the bridge's ``_get_per_token_logps_and_entropies`` (whose entropy is then the rollout policy's)."""
+    fix = "Install a supported TRL version (see setup.py) or update trl_entropy/core/trl_bridge.py."
+    if expected and not has_old_log_probs:
+        raise RuntimeError(
+            f"trl=={trl_version()}: _generate_and_score_completions made a generation batch without "
+            "old_per_token_logps where TRL's rule computes them (the updates are off-policy), so the rollout "
+            f"policy's entropy, computed in the same pass, is missing too. {fix}"
+        )
+    if has_old_log_probs and not matched:
+        raise RuntimeError(
+            f"trl=={trl_version()}: the old_per_token_logps of _generate_and_score_completions did not come from "
+            "_get_per_token_logps_and_entropies, whose entropy would be the rollout policy's: TRL computes them by "
+            f"another path, and the rollout entropy cannot be read. {fix}"
+        )
 
 
 class LossPathGuard(TrainerCallback):

@@ -45,8 +45,7 @@ class EntropyGRPOTrainer(TRLBridge):
     """`trl.GRPOTrainer` whose loss step is owned here and opened up through small hooks (see the module docstring).
 
     Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (or the method's config, or a
-    plain `GRPOConfig`, converted).
-    """
+    plain `GRPOConfig`, converted)."""
 
     config_class: ClassVar[type] = EntropyGRPOConfig
     # Per-token (B, T) tensors that on_generation_batch adds to the generation batch and the loss step reads back.
@@ -231,8 +230,8 @@ class EntropyGRPOTrainer(TRLBridge):
         return ScoredCompletions(log_probs, entropy, clamped_entropy, router_loss)
 
     def completion_batch(self, inputs, scored: ScoredCompletions) -> CompletionBatch:
-        """Step 2: what every hook sees, complete before the first one runs: the scores, the tokens that count, the
-        generation batch's group advantages and carried tensors, and the tokens TRL's high-entropy filter keeps."""
+        """Step 2: what every hook sees, complete before any runs: the scores, the tokens that count, the generation
+        batch's advantages, rollout entropy and carried tensors, and the tokens TRL's high-entropy filter keeps."""
         completion_mask = inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         old_log_probs, group_advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
@@ -245,6 +244,7 @@ class EntropyGRPOTrainer(TRLBridge):
             group_advantages=group_advantages.unsqueeze(1) if group_advantages.dim() == 1 else group_advantages,
             mode=self.mode,
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+            old_entropy=self.rollout_entropy(inputs, scored.entropy),
             carried={key: inputs[key] for key in self.carried_token_keys if key in inputs},
         )
         if self.top_entropy_quantile < 1.0:

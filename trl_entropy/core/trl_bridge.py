@@ -8,21 +8,25 @@ library what it needs under its own names. Every private name used here is liste
 * ``_compute_loss``                      → ``loss_step(model, inputs)``;
 * ``_get_per_token_logps_and_entropies`` → ``_score(...)``, the entropy head (rollout and reference log-probs);
 * ``_calculate_rewards``                 → ``on_rewards(rewards_per_func)``, every rank's rewards;
-* ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``;
+* ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``, with the rollout policy's
+  entropy kept for a trainer that declares ``needs_rollout_entropy``;
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``.
 
 Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:`TRLBridge.micro_step` and
 :attr:`TRLBridge.buffered_generation_batch` (where a generation cycle stands, for checkpoints),
-:meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus` and
-:meth:`TRLBridge.step_trl_entropy_coef`; for any GRPO trainer,
+:meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus`,
+:meth:`TRLBridge.step_trl_entropy_coef` and :meth:`TRLBridge.rollout_entropy`; for any GRPO trainer,
 :func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`set_model_card`
 and :func:`grpo_citation`.
 """
+
+from typing import ClassVar
 
 import torch
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
+from .batch import OLD_ENTROPY_KEY
 from .checkpoint import checkpoint_folder, end_checkpoint, restore_entropy_control, save_entropy_control
 from .drift import (
     INSTANCE_ATTRIBUTES,
@@ -30,6 +34,7 @@ from .drift import (
     LossPathGuard,
     check_class,
     check_grpo_citation,
+    check_rollout_entropy,
     check_trainer,
 )
 from .objectives import adaptive_entropy_coef_step
@@ -42,9 +47,13 @@ class TRLBridge(GRPOTrainer):
     trainer is built."""
 
     _tag_names = ["trl", "grpo", "trl-entropy"]
+    # True for a method that reads the rollout policy's entropy (CompletionBatch.old_entropy): only then is it kept
+    # from the pass that computes TRL's old_per_token_logps and carried with the generation batch (OLD_ENTROPY_KEY).
+    needs_rollout_entropy: ClassVar[bool] = False
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         check_class(type(self), TRLBridge)
+        self._scoring_calls = None  # (log-probs, entropy) of each scoring call, while a generation batch is made
         super().__init__(model, reward_funcs, args, *positional, **keyword)
         check_trainer(self, INSTANCE_ATTRIBUTES + PASS_AT_K_NAMES)
         self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
@@ -124,6 +133,37 @@ class TRLBridge(GRPOTrainer):
         if self.accelerator.sync_gradients:
             self.record_metric("train", "entropy_coef", self.entropy_coef)
 
+    def rollout_entropy(self, inputs: dict, entropy: torch.Tensor) -> torch.Tensor | None:
+        """``H^old`` of a micro-batch for a trainer that reads it (None for any other): the rollout policy's entropy
+        carried with the generation batch, or, where TRL computed no rollout log-probs (on-policy), ``entropy`` (this
+        pass's) detached."""
+        if not self.needs_rollout_entropy:
+            return None
+        if inputs.get(OLD_ENTROPY_KEY) is not None:
+            return inputs[OLD_ENTROPY_KEY]
+        if inputs.get("old_per_token_logps") is not None:  # off-policy: this pass's entropy is not the rollout's
+            raise ValueError(
+                f"{type(self).__name__} reads the rollout policy's entropy, but this micro-batch holds TRL's rollout "
+                f"log-probs without it (no {OLD_ENTROPY_KEY!r}): its generation batch was made by a trainer that does "
+                f"not keep it (a checkpoint of another method, or a hand-built batch: add {OLD_ENTROPY_KEY!r})."
+            )
+        return entropy.detach()
+
+    def keep_rollout_entropy(self, output: dict, calls: list) -> None:
+        """Put the rollout policy's entropy into TRL's generation batch ``output`` under ``OLD_ENTROPY_KEY``: the
+        entropy of the scoring call whose log-probs TRL kept as ``old_per_token_logps``. That tensor's identity tells
+        the policy's call from the reference model's (same tokens; the same module when a LoRA adapter is switched off
+        for it). On-policy TRL computes no rollout log-probs, and nothing is added."""
+        old_log_probs = output.get("old_per_token_logps")
+        entropy = next((h for log_probs, h in calls if log_probs is old_log_probs), None)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        expected = self.args.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        )
+        check_rollout_entropy(old_log_probs is not None, entropy is not None, expected)
+        if old_log_probs is not None:
+            output[OLD_ENTROPY_KEY] = entropy.detach()
+
     # ------------------------------------------------------------------------------------------------------------
     # What the trainer built on this class provides
     # ------------------------------------------------------------------------------------------------------------
@@ -154,7 +194,16 @@ class TRLBridge(GRPOTrainer):
         return self.on_rewards(super()._calculate_rewards(inputs, prompts, completions, completion_ids_list))
 
     def _generate_and_score_completions(self, inputs):
-        return self.finish_generation_batch(super()._generate_and_score_completions(inputs), len(inputs))
+        if not self.needs_rollout_entropy:
+            return self.finish_generation_batch(super()._generate_and_score_completions(inputs), len(inputs))
+        self._scoring_calls = []  # filled by _get_per_token_logps_and_entropies while TRL makes this batch
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            calls = self._scoring_calls
+        finally:
+            self._scoring_calls = None
+        self.keep_rollout_entropy(output, calls)
+        return self.finish_generation_batch(output, len(inputs))
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -175,6 +224,8 @@ class TRLBridge(GRPOTrainer):
         log_probs, entropy, _, router_loss = self._score(
             model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
         )
+        if self._scoring_calls is not None:  # the kernel computed the entropy with the log-probs: keep both
+            self._scoring_calls.append((log_probs, entropy))
         return log_probs, (entropy if compute_entropy else None), router_loss
 
     def _compute_loss(self, model, inputs):
