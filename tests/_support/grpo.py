@@ -138,3 +138,10 @@ def varied_batch(model, vocab_size, seed):
     inputs["completion_mask"][5, 1:] = 0
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
     return inputs
+
+
+def lora_config():
+    """The tests' LoRA adapter on the toy model's attention."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

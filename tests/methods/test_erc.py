@@ -21,12 +21,19 @@ import warnings
 import pytest
 import torch
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
-from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, naive_entropy, toy_config
+from _support.grpo import (
+    SMALL_BATCH,
+    build_trainer,
+    lora_config,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_entropy,
+    toy_config,
+)
 from _support.parity import assert_same_step
+from _support.resume import CHECKPOINT, assert_resumed_equals_straight, step_values
+from _support.resume import train as train_with_checkpoints
 from peft import get_peft_model
-from test_lora import lora_config
-from test_resume import CHECKPOINT, assert_resumed_equals_straight, step_values
-from test_resume import train as train_with_checkpoints
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 

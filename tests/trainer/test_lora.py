@@ -5,15 +5,12 @@ import math
 import pytest
 import torch
 from _support.distributed_run import logged, make_trainer
+from _support.grpo import lora_config
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
 import trl_entropy.core.head
 from trl_entropy.methods import METHODS
-
-
-def lora_config():
-    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
 class KernelCalls:

@@ -19,15 +19,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-import torch
-from _support.distributed_run import (
-    ControllerRecorder,
-    finish,
-    launch_two_processes,
-    logged,
-    make_trainer,
-    ranked_reward,
-)
+from _support.distributed_run import finish, launch_two_processes
+from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
 from trl_entropy.core.control import EntropyControlState
@@ -36,8 +29,6 @@ from trl_entropy.methods.clip_cov import CLIP_COV_GENERATOR_FILE
 
 
 TESTS = Path(__file__).resolve().parents[1]  # on the rank scripts' sys.path: _support imports from there
-STEPS = 4
-CHECKPOINT = 1  # inside the first generation cycle (steps 1 and 2)
 # TRL's own adaptive entropy bonus has state of its own (coefficient, last entropy) in TRL's checkpoint file.
 CASES = [(name, {}) for name in sorted(METHODS)] + [
     (
@@ -46,72 +37,6 @@ CASES = [(name, {}) for name in sorted(METHODS)] + [
     )
 ]
 IDS = [name if not options else f"{name}-adaptive" for name, options in CASES]
-
-
-def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_device_train_batch_size=16, **options):
-    trainer = make_trainer(
-        method,
-        path,
-        output_dir,
-        rollout=None,  # sampled completions
-        reward=ranked_reward,  # advantages at every step, whatever is sampled
-        per_device_train_batch_size=per_device_train_batch_size,
-        num_iterations=2,
-        max_steps=max_steps,
-        save_strategy="steps",
-        save_steps=1,
-        **options,
-    )
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
-    trainer.train(resume_from_checkpoint=resume_from)
-    return trainer, recorder.values
-
-
-def step_values(trainer, key):
-    """``{step: value}`` of a logged metric."""
-    return {entry["step"]: entry[key] for entry in trainer.state.log_history if key in entry and "step" in entry}
-
-
-def saved_snapshot(checkpoint):
-    with open(os.path.join(checkpoint, "trainer_state.json")) as file:
-        stateful = json.load(file)["stateful_callbacks"]
-    return stateful[EntropyControlState.__name__]["attributes"]["snapshot"]
-
-
-def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values, checkpoint=CHECKPOINT):
-    CHECKPOINT = checkpoint  # noqa: N806 (the step resumed from)
-    later = range(CHECKPOINT + 1, STEPS + 1)
-    losses = step_values(straight, "loss")
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    assert len({losses[step] for step in later}) == len(later), "identical losses: the comparison would be weak"
-    resumed_losses, resumed_entropy = step_values(resumed, "loss"), step_values(resumed, "entropy")
-    for step in later:
-        assert resumed_losses[step] == pytest.approx(losses[step], rel=1e-5, abs=1e-7), step
-        assert resumed_entropy[step] == pytest.approx(step_values(straight, "entropy")[step], rel=1e-5), step
-        assert step_values(resumed, "grad_norm")[step] == pytest.approx(
-            step_values(straight, "grad_norm")[step], rel=1e-4, abs=1e-7
-        ), step
-    # The same samples (rewards are logged at the steps that generate).
-    rewards = {step: value for step, value in step_values(straight, "reward").items() if step in later}
-    assert rewards or all(step % 2 == 0 for step in later)  # a cycle is two steps; its first one generates
-    assert {s: v for s, v in step_values(resumed, "reward").items() if s in later} == rewards
-    # The resumed run records only its own steps; it continues the controller trajectory.
-    assert len(straight_values) == STEPS and len(resumed_values) == STEPS - CHECKPOINT
-    if straight.controllers:
-        assert resumed_values == pytest.approx(straight_values[CHECKPOINT:], rel=1e-6, abs=1e-12)
-        for controller in straight.controllers.values():
-            for key in controller.metrics():  # the logged values, the measured targets included
-                for step in later:
-                    assert step_values(resumed, key)[step] == pytest.approx(
-                        step_values(straight, key)[step], rel=1e-6, abs=1e-12
-                    ), (key, step)
-    for (name, weight), resumed_weight in zip(
-        straight.model.named_parameters(), resumed.model.parameters(), strict=True
-    ):
-        torch.testing.assert_close(resumed_weight, weight, rtol=1e-5, atol=1e-6, msg=name)
-    assert logged(resumed, "loss")[:CHECKPOINT] == logged(straight, "loss")[:CHECKPOINT]  # history restored
 
 
 @pytest.mark.parametrize("method, options", CASES, ids=IDS)
@@ -295,7 +220,8 @@ def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, 
 RANK_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_resume import train, logged
+from _support.resume import train
+from _support.distributed_run import logged
 trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
 if trainer.accelerator.is_main_process:
     record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}

@@ -5,7 +5,7 @@ another batch layout (or number of processes) regenerates its generation batch w
 field; a save a kill interrupted is skipped by ``resume_from_checkpoint=True``, which falls back to the last complete
 checkpoint and then equals the straight run; a tied LM head comes back through its tie and is not reported missing.
 
-The runs are :mod:`test_resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
+The runs are :mod:`_support.resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
 """
 
 import logging
@@ -20,11 +20,11 @@ from types import SimpleNamespace
 
 import pytest
 import safetensors.torch
-import test_resume
 import torch
 import transformers
+from _support import resume
 from _support.distributed_run import checkout_package_path, finish, launch_two_processes
-from test_resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
+from _support.resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import (
     GENERATION_BATCH_FILE,
@@ -192,9 +192,9 @@ def layout_changes(record) -> set[str]:
 
 
 def train_with(options, monkeypatch, *arguments, **keywords):
-    """:func:`test_resume.train` with ``options`` applied over its fixed ones (``num_iterations`` among them)."""
-    build = test_resume.make_trainer
-    monkeypatch.setattr(test_resume, "make_trainer", lambda *a, **k: build(*a, **{**k, **options}))
+    """:func:`_support.resume.train` with ``options`` applied over its fixed ones (``num_iterations`` among them)."""
+    build = resume.make_trainer
+    monkeypatch.setattr(resume, "make_trainer", lambda *a, **k: build(*a, **{**k, **options}))
     return train(*arguments, **keywords)
 
 
@@ -223,7 +223,7 @@ def test_mid_cycle_resume_with_another_layout_trains_and_warns(
 ONE_STEP_RANK_SCRIPT = """
 import sys
 from _support.distributed_run import end_rank_cleanly
-from test_resume import train
+from _support.resume import train
 trainer, _ = train("repo_r", sys.argv[1], sys.argv[2], max_steps=1)
 end_rank_cleanly(trainer.accelerator.process_index)
 """
@@ -281,7 +281,7 @@ KILL_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import torch, transformers
-from test_resume import train
+from _support.resume import train
 save = torch.save
 def killing_save(obj, f, *args, **kwargs):
     if isinstance(f, str) and f.endswith(os.path.join("checkpoint-3", "optimizer.pt")):
