@@ -13,6 +13,7 @@ from .adapo import SPEC as _adapo
 from .aent import SPEC as _aent
 from .clip_cov import SPEC as _clip_cov
 from .ent_adv import SPEC as _ent_adv
+from .entropic import SPEC as _entropic
 from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
 from .repo import SPEC as _repo
@@ -43,7 +44,7 @@ GRPO = MethodSpec(
 __all__ = ["GRPO", "METHODS", "SPECS", "MethodSpec", "Metric", "Neutral", "Place", "Variant", "get_method"]
 
 # Every declaration, in the order --method, the report and the docs list them.
-SPECS: tuple[MethodSpec, ...] = (GRPO, _aent, _clip_cov, _kl_cov, _repo, _adapo, _qae, _ent_adv)
+SPECS: tuple[MethodSpec, ...] = (GRPO, _aent, _clip_cov, _kl_cov, _repo, _adapo, _qae, _ent_adv, _entropic)
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
 
