@@ -44,6 +44,7 @@ LAUNCHES = {
         "test_trl_entropy_train_runs_from_the_wheel_outside_the_clone",
     },
     "test_cov.py": {"test_two_processes_select_and_train_like_one"},
+    "test_entropic.py": {"test_every_rank_holds_the_float64_replay_of_the_world_micro_batches"},
     "test_distributed.py": "all",
     "test_examples.py": {
         "test_train_runs_every_method",
