@@ -397,14 +397,14 @@ def test_zero_entropy_micro_batch_gives_a_finite_loss(toy_model_path, toy_tokeni
 RANK_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_entropic import record_micro_batches
+from test_entropic import controller_settings, record_micro_batches
 from distributed_run import end_rank_cleanly, make_trainer
 trainer = make_trainer("entropic", sys.argv[2], sys.argv[3], per_device_train_batch_size=4,
                        gradient_accumulation_steps=2, max_steps=3)
 records = record_micro_batches(trainer)
 trainer.train()
 with open(f"{sys.argv[3]}/rank{trainer.accelerator.process_index}.json", "w") as file:
-    json.dump(records, file)
+    json.dump({"settings": controller_settings(trainer), "records": records}, file)
 end_rank_cleanly(trainer.accelerator.process_index)
 """
 
@@ -429,7 +429,14 @@ def record_micro_batches(trainer) -> list[dict]:
     return records
 
 
-def replay(sums_per_micro_batch, weight, target=0.1, kp=1.0, ki=0.01):
+def controller_settings(trainer) -> dict:
+    """What the replay needs from the run's config: the target, the gains, and the weight w (as the layout gives it)."""
+    args = trainer.args
+    weight = 1 / (args.steps_per_generation * args.num_iterations)
+    return {"target": args.entropic_target, "kp": args.entropic_kp, "ki": args.entropic_ki, "weight": weight}
+
+
+def replay(sums_per_micro_batch, weight, target, kp, ki):
     """The float64 controller over the world's sums of each micro-batch: ``[(α, I)]``."""
     integral, states = 0.0, []
     for total, count in sums_per_micro_batch:
@@ -459,11 +466,12 @@ def test_one_process_controller_is_the_float64_replay_of_its_micro_batches(warm_
         num_iterations=2,
         max_steps=3,
     )
-    assert trainer.controllers["entropic"].weight == 0.25
+    settings = controller_settings(trainer)
+    assert settings["weight"] == trainer.controllers["entropic"].weight == 0.25
     records = record_micro_batches(trainer)
     trainer.train()
     assert len(records) == 6
-    assert_states_replayed(records, replay([record["sums"] for record in records], 0.25))
+    assert_states_replayed(records, replay([record["sums"] for record in records], **settings))
 
 
 # two processes, three steps: about 40 s on two CPU cores (a launch-tier test, tests/conftest.py)
@@ -473,12 +481,14 @@ def test_every_rank_holds_the_float64_replay_of_the_world_micro_batches(warm_toy
     out = tmp_path / "run"
     out.mkdir()
     finish(launch_two_processes(script, [str(HERE), warm_toy_policy_path, str(out)], tmp_path), tmp_path)
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    written = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    settings, ranks = written[0]["settings"], [rank["records"] for rank in written]
+    assert settings["weight"] == 0.5  # two micro-batches per cycle
     assert len(ranks[0]) == len(ranks[1]) == 6  # three steps of two micro-batches
     # Bit for bit: both take α and I from the same all-reduced sums.
     assert [(r["alpha"], r["integral"]) for r in ranks[0]] == [(r["alpha"], r["integral"]) for r in ranks[1]]
     world = [[a + b for a, b in zip(r0["sums"], r1["sums"], strict=True)] for r0, r1 in zip(*ranks, strict=True)]
-    assert_states_replayed(ranks[0], replay(world, 0.5))
+    assert_states_replayed(ranks[0], replay(world, **settings))
     # Each rank's own mean differs from the world's: a rank-local controller would give another trajectory.
     local = [total / count for total, count in (r["sums"] for r in ranks[0])]
     assert max(abs(mean - total / count) for mean, (total, count) in zip(local, world, strict=True)) > 1e-3
