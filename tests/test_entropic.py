@@ -161,7 +161,13 @@ def loss_step(trainer, batch):
 def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_tokenizer, tmp_path):
     # steps_per_generation = 2, one pass: each micro-batch is half of the generation cycle, w = 1/2
     trainer = build_trainer(
-        EntroPICTrainer, EntroPICConfig, toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo", steps_per_generation=2
+        EntroPICTrainer,
+        EntroPICConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        loss_type="grpo",
+        steps_per_generation=2,
     )
     controller = trainer.controllers["entropic"]
     assert (controller.value, controller.integral, controller.weight) == (0.0, 0.0, 0.5)
@@ -367,7 +373,8 @@ def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenize
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=7)
     assert_same_step(trl_trainer, ours, inputs)
     controller = ours.controllers["entropic"]
-    assert controller.value == 1.0  # the toy's 3.8 nats against H* = 0.1: α is at its bound, and still nothing to act on
+    # The toy's 3.8 nats against H* = 0.1: α is at its bound, and still has nothing to act on.
+    assert controller.value == 1.0
     assert ours._metrics["train"]["entropic/high_prob_fraction"] == [0.0]
     batch = example_batch(0.0, probabilities=[0.1, 0.2, 0.3, 0.4])
     term = ours.regulariser(batch)
@@ -430,7 +437,7 @@ def record_micro_batches(trainer) -> list[dict]:
 
 
 def controller_settings(trainer) -> dict:
-    """What the replay needs from the run's config: the target, the gains, and the weight w (as the layout gives it)."""
+    """What the replay needs from the run's config: the target, the gains, and w (as the batch layout gives it)."""
     args = trainer.args
     weight = 1 / (args.steps_per_generation * args.num_iterations)
     return {"target": args.entropic_target, "kp": args.entropic_kp, "ki": args.entropic_ki, "weight": weight}

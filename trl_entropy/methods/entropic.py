@@ -68,9 +68,9 @@ def entropic_term(
     token_normaliser: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``agg(−r_t · |A_t|)`` over ``high_mask`` by ``loss_type``'s rule, before ``α`` (EntroPIC, arXiv:2511.15248; the
-    authors' ``core_algos.py`` at 2470730): ``r_t = exp(ℓ_t − ℓ^old_t)`` per token, unclipped, differentiable; ``|A_t|``
-    detached, ``(B, 1)`` or ``(B, T)``. ``token_normaliser``: the high-probability tokens the token-sum loss types
-    (dapo, cispo, vespo) divide by. An empty ``high_mask`` gives 0."""
+    authors' ``core_algos.py`` at 2470730): ``r_t = exp(ℓ_t − ℓ^old_t)`` per token, unclipped, differentiable;
+    ``|A_t|`` detached, ``(B, 1)`` or ``(B, T)``. ``token_normaliser``: the high-probability tokens the token-sum loss
+    types (dapo, cispo, vespo) divide by. An empty ``high_mask`` gives 0."""
     per_token = -torch.exp(log_probs - old_log_probs) * advantages.detach().abs()
     term, _ = aggregate_loss(per_token, high_mask, loss_type, max_completion_length, token_normaliser)
     return term
@@ -102,7 +102,11 @@ class EntroPICController(Controller):
         self.value, self.integral = float(state["alpha"]), float(state["integral"])
 
     def metrics(self) -> dict[str, float]:
-        return {"entropic/alpha": self.value, "entropic/integral": self.integral, "entropic/entropy_target": self.target}
+        return {
+            "entropic/alpha": self.value,
+            "entropic/integral": self.integral,
+            "entropic/entropy_target": self.target,
+        }
 
 
 @dataclass
