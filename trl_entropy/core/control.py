@@ -8,9 +8,9 @@ every rank, so every rank holds the same value (the methods' papers move their c
 see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through :class:`EntropyControlState` and
 ``load_state_dict()`` restores it.
 
-A controller whose ``statistic`` is ``None`` is moved by its method instead, from inside the loss step (EntroPIC moves
-its coefficient at every training micro-batch, as its authors' code does): the cycle neither sums a statistic for it
-nor calls its ``update``, and still carries its state in every checkpoint and logs its metrics at every optimizer step.
+A controller whose ``statistic`` is ``None`` is moved by its method instead, from a hook of the loss step (a
+coefficient that must move at every training micro-batch): the cycle neither sums a statistic for it nor calls its
+``update``, and still carries its state in every checkpoint and logs its metrics at every optimizer step.
 """
 
 import math
