@@ -7,6 +7,7 @@ from _support.tiers import mark_tier
 FILES = {}
 LAUNCHES = {
     "test_cov_selection.py": {"test_two_processes_select_and_train_like_one"},
+    "test_entropic.py": {"test_every_rank_holds_the_float64_replay_of_the_world_micro_batches"},
 }
 
 

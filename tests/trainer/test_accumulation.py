@@ -11,7 +11,11 @@ two levels:
   over one accumulation window, for every method and loss type, over two optimizer steps (so the second step's loss
   uses the controller value the first window produced);
 * the training loop: ``per_device_train_batch_size=8`` against 4 with ``gradient_accumulation_steps=2``, three
-  optimizer steps of each adaptive trainer, and of each method that reads the rollout entropy, on the same completions.
+  optimizer steps of each adaptive trainer whose controllers move once per cycle, and of each method that reads the
+  rollout entropy, on the same completions.
+
+A controller its method moves at every micro-batch (EntroPIC's) sees each half alone, by its definition; for it, the
+same micro-batches give the same states whether they share an accumulation window or not.
 
 A token mean taken per micro-batch (``bnpo``, AEnt's bonus, TRL's entropy bonus) equals the full batch's token mean
 only when the two halves hold as many tokens; that is how TRL defines them, so the batches here split into halves of
@@ -31,7 +35,7 @@ from _support.distributed_run import (
 from _support.grpo import make_grpo_batch, naive_entropy
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
-from trl_entropy.methods import get_method
+from trl_entropy.methods import METHODS, get_method
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
@@ -62,6 +66,11 @@ CASES = [
 ]
 # Completion lengths of the 8 rows: each half holds 16 tokens, the rows differ.
 LENGTHS = (6, 3, 1, 6, 3, 6, 6, 1)
+# The adaptive methods whose controllers move once per generation cycle, and those whose controller moves at every
+# training micro-batch (EntroPIC): the latter sees each half of a batch alone, so by its definition two half
+# micro-batches do not reproduce one whole; what it must do instead is test_micro_batch_controller_ignores_the_window.
+CYCLE_METHODS = tuple(name for name in ADAPTIVE_METHODS if not METHODS[name].moves_per_micro_batch)
+MICRO_BATCH_METHODS = tuple(name for name in ADAPTIVE_METHODS if METHODS[name].moves_per_micro_batch)
 
 
 def build(case, loss_type, accumulation, path, tokenizer, tmp_path):
@@ -151,7 +160,7 @@ def test_half_micro_batches_reproduce_one_micro_batch(case, loss_type, toy_model
         assert controller_states(one) != initial, "no controller moved: the comparison would be vacuous"
 
 
-@pytest.mark.parametrize("method", [*ADAPTIVE_METHODS, *ROLLOUT_ENTROPY_METHODS])
+@pytest.mark.parametrize("method", [*CYCLE_METHODS, *ROLLOUT_ENTROPY_METHODS])
 def test_training_with_accumulation_reproduces_training_without(method, warm_toy_policy_path, tmp_path):
     """The training loop, on equal-length completions: the halves TRL shuffles into hold equal token counts. The
     methods that read the rollout entropy (two updates per rollout) gate the same tokens with either split."""
@@ -188,6 +197,51 @@ def test_training_with_accumulation_reproduces_training_without(method, warm_toy
     assert logged(two, "entropy") == pytest.approx(logged(one, "entropy"), rel=1e-5)
     for (name, weight), other in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
         torch.testing.assert_close(other, weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("method", MICRO_BATCH_METHODS)
+def test_micro_batch_controller_ignores_the_window(method, toy_model_path, toy_tokenizer, tmp_path):
+    """A controller its method moves at every training micro-batch: the same micro-batches, on the same weights, in one
+    accumulation window of two or in two windows of one (the cycle is two micro-batches either way) give the same
+    states after each; it moves at each micro-batch, and the base's cycle never updates it."""
+    method_spec = get_method(method)
+    trainers = []
+    for accumulation in (1, 2):
+        args = method_spec.config_class(
+            output_dir=str(tmp_path / f"accumulation{accumulation}"),
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=accumulation,
+            steps_per_generation=2,
+            num_generations=4,
+            max_completion_length=6,
+            report_to=[],
+            use_cpu=True,
+            bf16=False,
+            **method_spec.defaults,
+        )
+        trainer = method_spec.trainer_class(
+            model=toy_model_path,
+            reward_funcs=toy_reward,
+            args=args,
+            train_dataset=build_toy_dataset(8),
+            processing_class=toy_tokenizer,
+        )
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = accumulation
+        assert all(controller.statistic is None for controller in trainer.controllers.values())
+        trainers.append(trainer)
+    inputs = batch(trainers[0].model, len(toy_tokenizer), 14)
+    states = {1: [], 2: []}
+    for accumulation, trainer in zip((1, 2), trainers, strict=True):
+        before = controller_states(trainer)
+        for index in (0, 1):
+            last = accumulation == 1 or index == 1  # the micro-batch that ends its window
+            trainer.accelerator.gradient_state._set_sync_gradients(last)
+            trainer.compute_loss(trainer.model, dict(half(inputs, index))).backward()
+            states[accumulation].append(controller_states(trainer))
+        assert before != states[accumulation][0] != states[accumulation][1], "it must move at every micro-batch"
+    for one, two in zip(states[1], states[2], strict=True):
+        assert_states_close(two, one)
 
 
 def test_controller_statistic_is_the_window_token_mean_whatever_the_split(

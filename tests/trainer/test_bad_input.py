@@ -27,6 +27,7 @@ from trl_entropy import (
     AEntConfig,
     CEGPPOConfig,
     ClipCovConfig,
+    EntroPICConfig,
     EntropyAdvantageConfig,
     EntropyGRPOConfig,
     ERCConfig,
@@ -111,6 +112,12 @@ INVALID = {
     ERCConfig: {
         "erc_low": [-0.1, nan, inf, True, 1.0, 1.05],  # 1.0: ratio 1 left out of the band; 1.05: the default erc_high
         "erc_high": [0, -1.0, nan, True, 1.0, 0.95],  # 0.95: the default erc_low
+    },
+    EntroPICConfig: {
+        "entropic_target": [0, -0.1, nan, inf, True],  # the authors' code breaks at a target <= 0
+        "entropic_kp": [-1.0, nan, inf],
+        "entropic_ki": [-0.01, nan, inf],
+        "entropic_high_prob": [0, 1, 1.5, -0.1, nan],
     },
 }
 INVALID_CASES = [
@@ -386,7 +393,12 @@ def test_training_through_an_all_masked_step(method, warm_toy_policy_path, tmp_p
     # Step 2 updates the controller from step 2's statistic alone, as if step 1 had not happened.
     mean = history[1]["entropy/clamped" if method == "aent" else "entropy"]
     state = controller.state_dict()
-    if method == "aent":
+    if method == "entropic":  # moved at step 2's one micro-batch (a whole cycle, w = 1) from the integral held at 0
+        args = trainer.args
+        error = mean - args.entropic_target
+        assert state["alpha"] == pytest.approx(min(max(args.entropic_kp * error, -1.0), 1.0), rel=1e-5)
+        assert state["integral"] == pytest.approx(error, rel=1e-5)
+    elif method == "aent":
         args = trainer.args
         expected = aent_coefficient_step(
             args.aent_coef_init,
@@ -404,7 +416,8 @@ def test_training_through_an_all_masked_step(method, warm_toy_policy_path, tmp_p
 
 
 def controller_value_of(state, controller):
-    return {"aent": state.get("coef"), "repo": state.get("beta"), "adapo": state.get("epsilon_high")}[controller.name]
+    values = {"aent": state.get("coef"), "repo": state.get("beta"), "adapo": state.get("epsilon_high")}
+    return {**values, "entropic": state.get("alpha")}[controller.name]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -48,9 +48,10 @@ TRAINERS = {
     "qae": "QAETrainer",
     "clip_cov": "ClipCovTrainer",
     "kl_cov": "KLCovTrainer",
+    "entropic": "EntroPICTrainer",
 }
 # The methods whose straight runs (and checkpoints) the tests resume.
-WRITERS = ("aent", "repo_r", "adapo", "grpo", "qae")
+WRITERS = ("aent", "repo_r", "adapo", "grpo", "qae", "entropic")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,27 @@ def test_resume_with_aent_switched_to_a_fixed_coefficient_uses_it(straight_runs,
     assert values == [5e-4, 5e-4]  # the fixed value applies from the first resumed step on
 
 
+def test_resume_with_new_entropic_gains_uses_them_and_keeps_alpha_and_the_integral(
+    straight_runs, warm_toy_policy_path, tmp_path
+):
+    """EntroPIC's α and integral come from the checkpoint; the new target and gains move them from the next
+    micro-batch on (a cycle is two micro-batches here, w = 1/2)."""
+    _, _, straight_dir = straight_runs["entropic"]
+    checkpoint = os.path.join(straight_dir, "checkpoint-2")
+    stored = saved_snapshot(checkpoint)["controllers"]["entropic"]
+    assert stored["integral"] != 0.0
+    options = {"entropic_target": 0.2, "entropic_kp": 0.5, "entropic_ki": 0.05}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        resumed, values = train("entropic", warm_toy_policy_path, str(tmp_path), checkpoint, max_steps=3, **options)
+    message = changed_settings_warning(record)
+    assert all(f"{name}: " in message for name in options), message
+    error = step_values(resumed, "entropy")[3] - 0.2  # step 3: one micro-batch, its world-mean entropy
+    alpha = min(max(0.5 * error + 0.05 * stored["integral"], -1.0), 1.0)
+    assert values == [pytest.approx(alpha, rel=1e-5)]
+    assert resumed.controllers["entropic"].integral == pytest.approx(stored["integral"] + error / 2, rel=1e-5)
+
+
 def test_resume_with_the_same_settings_does_not_warn(straight_runs, warm_toy_policy_path, tmp_path):
     _, _, straight_dir = straight_runs["repo_r"]
     with warnings.catch_warnings(record=True) as record:
@@ -134,6 +156,7 @@ CROSS = [
     ("grpo", "qae", True),
     ("qae", "grpo", True),
     ("qae", "clip_cov", True),
+    ("entropic", "aent", False),  # a controller the method moves itself is refused and started fresh as any other
 ]
 
 

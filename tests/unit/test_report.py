@@ -36,6 +36,7 @@ from trl_entropy import (
     REPOTrainer,
 )
 from trl_entropy.cli import main as trl_entropy_command
+from trl_entropy.methods import SPECS
 from trl_entropy.report import controller_panels, moving_average, read_run, write_report
 from trl_entropy.scripts.report import main
 from trl_entropy.toy import build_toy_dataset, toy_reward
@@ -192,6 +193,20 @@ def test_synthetic_log_panels_and_numbers(tmp_path):
         entry = next(e for e in history if e["step"] == int(row["step"]) and "eval/pass@1" in e)
         for k in (1, 2, 4, 8):
             assert number(row[f"pass@{k}"]) == pytest.approx(entry[f"eval/pass@{k}"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "spec", [spec for spec in SPECS if any(metric.title for metric in spec.metrics)], ids=lambda spec: spec.key
+)
+def test_every_methods_titled_metrics_get_their_panels(spec, tmp_path):
+    """Each method's declared metrics with a title, logged, get their panels, in the declaration's order."""
+    titled = [metric for metric in spec.metrics if metric.title]
+    history = synthetic_history(num_steps=12, pass_at_k_every=0, controllers=False)
+    for step, entry in enumerate((entry for entry in history if "entropy" in entry), start=1):
+        entry.update({metric.key: 0.01 * step * (index + 1) for index, metric in enumerate(titled)})
+    report = write_report(write_state(tmp_path / spec.key, history))
+    assert report.panels == [ENTROPY_PANEL, REWARD_PANEL, *(metric.title for metric in titled), LAW_PANEL]
+    check_png(report)
 
 
 def test_law_of_the_library_callback_is_quoted(tmp_path):

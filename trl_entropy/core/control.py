@@ -7,6 +7,10 @@ token-weighted mean and calls ``update(mean, step)`` once, at the optimizer step
 every rank, so every rank holds the same value (the methods' papers move their coefficients once per rollout batch;
 see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through :class:`EntropyControlState` and
 ``load_state_dict()`` restores it.
+
+A controller whose ``statistic`` is ``None`` is moved by its method instead, from a hook of the loss step (a
+coefficient that must move at every training micro-batch): the cycle neither sums a statistic for it nor calls its
+``update``, and still carries its state in every checkpoint and logs its metrics at every optimizer step.
 """
 
 import math
@@ -21,10 +25,11 @@ from transformers.trainer_callback import ExportableState
 
 class Controller(ABC):
     """Base class. Subclasses set ``name`` (its key in checkpoints) and ``statistic``: the ``CompletionBatch`` field
-    whose token mean drives it (``"entropy"`` or ``"clamped_entropy"``)."""
+    whose token mean over a generation cycle drives it (``"entropy"`` or ``"clamped_entropy"``), or ``None`` for a
+    controller its method moves itself inside the loss step (the cycle then never calls ``update``)."""
 
     name: str
-    statistic: str
+    statistic: str | None
 
     @abstractmethod
     def update(self, mean_statistic: float, step: int) -> None:
@@ -151,7 +156,7 @@ class ControllerCycle:
         self.optimizer_steps = 0  # optimizer steps since the last update
 
     def add(self, batch) -> None:
-        for statistic in sorted({c.statistic for c in self.controllers.values()}):
+        for statistic in sorted({c.statistic for c in self.controllers.values() if c.statistic is not None}):
             values = getattr(batch, statistic)
             if values is None:
                 raise RuntimeError(
@@ -178,6 +183,8 @@ class ControllerCycle:
         self.start_cycle()
         means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
         for controller in self.controllers.values():
+            if controller.statistic is None:  # its method moves it, inside the loss step
+                continue
             mean = means[controller.statistic]
             if math.isfinite(mean):
                 controller.update(mean, step)

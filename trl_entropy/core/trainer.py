@@ -317,8 +317,8 @@ class EntropyGRPOTrainer(TRLBridge):
         return batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
 
     def update_controllers(self, batch: CompletionBatch) -> None:
-        """Step 10, the one place coefficients move (training only): the method's controllers at the optimizer step
-        that ends a generation cycle, TRL's adaptive entropy coefficient at every optimizer step, as TRL moves it."""
+        """Step 10, where coefficients move (training only): the cycle's controllers at the optimizer step that ends a
+        cycle (one with ``statistic=None`` moves in its method's hook), TRL's adaptive coefficient at every step."""
         if batch.mode != "train":
             return
         if self.entropy_bonus_enabled:

@@ -14,6 +14,7 @@ from .aent import SPEC as _aent
 from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
 from .ent_adv import SPEC as _ent_adv
+from .entropic import SPEC as _entropic
 from .erc import SPEC as _erc
 from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
@@ -45,7 +46,19 @@ GRPO = MethodSpec(
 __all__ = ["GRPO", "METHODS", "SPECS", "MethodSpec", "Metric", "Neutral", "Place", "Variant", "get_method"]
 
 # Every declaration, in the order --method, the report and the docs list them.
-SPECS: tuple[MethodSpec, ...] = (GRPO, _aent, _clip_cov, _kl_cov, _repo, _adapo, _qae, _ent_adv, _ce_gppo, _erc)
+SPECS: tuple[MethodSpec, ...] = (
+    GRPO,
+    _aent,
+    _clip_cov,
+    _kl_cov,
+    _repo,
+    _adapo,
+    _qae,
+    _ent_adv,
+    _ce_gppo,
+    _erc,
+    _entropic,
+)
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
 

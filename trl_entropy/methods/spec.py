@@ -71,6 +71,9 @@ class MethodSpec:
     ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
     ``metrics``: what any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
+    ``moves_per_micro_batch``: its controller moves at every training micro-batch, in the method's own hook (a
+    controller with ``statistic=None``), not once per generation cycle, so its trajectory depends on how the cycle is
+    cut into micro-batches.
     """
 
     key: str
@@ -83,6 +86,7 @@ class MethodSpec:
     metrics: tuple[Metric, ...] = ()
     neutral: Neutral = field(default_factory=Neutral)
     needs_all_ranks_rewards: bool = False
+    moves_per_micro_batch: bool = False
     name: str | None = None
     paper: Paper | None = None
     tag: str | None = None
