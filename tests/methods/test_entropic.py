@@ -3,7 +3,8 @@ Proportional-Integral Control", arXiv:2511.15248; the authors' code at commit 24
 example number for number (pure functions and the trainer's loss step), the controller and the term against float64
 references written out here, every loss type's loss and gradients against trl.GRPOTrainer plus the float64 term, the
 neutral gains against trl.GRPOTrainer, edge cases and bad values, and two processes whose ranks hold the same α and I,
-equal to a float64 replay over the run's micro-batches. Resume (mid-cycle and after updates): tests/trainer/test_resume.py and
+equal to a float64 replay over the run's micro-batches. Resume (mid-cycle and after updates):
+tests/trainer/test_resume.py and
 tests/trainer/test_resume_changes.py; two processes against one: tests/launch/test_distributed.py; accumulation:
 tests/trainer/test_accumulation.py; the all-masked micro-batch: tests/trainer/test_bad_input.py."""
 

@@ -5,7 +5,8 @@ another batch layout (or number of processes) regenerates its generation batch w
 field; a save a kill interrupted is skipped by ``resume_from_checkpoint=True``, which falls back to the last complete
 checkpoint and then equals the straight run; a tied LM head comes back through its tie and is not reported missing.
 
-The runs are :mod:`_support.resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every step).
+The runs are :mod:`_support.resume`'s (``num_iterations=2``: a cycle is two optimizer steps, a checkpoint at every
+step).
 """
 
 import logging
