@@ -95,7 +95,8 @@ def build_model_dir(spec, dtype, root):
 
 
 def make_batch(spec, device, seed=0):
-    """A GRPO micro-batch as ``_generate_and_score_completions`` returns it: padded prompts and completions."""
+    """A GRPO micro-batch as ``_generate_and_score_completions`` returns it: padded prompts and completions, and the
+    rollout policy's log-probs and entropies (``old_entropy``: what it keeps for a trainer that reads them)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -111,6 +112,7 @@ def make_batch(spec, device, seed=0):
         "completion_mask": completion_mask,
         "advantages": torch.randn(b, generator=g),
         "old_per_token_logps": -torch.rand(b, c, generator=g) * 5,
+        "old_entropy": torch.rand(b, c, generator=g) * 5,
         "num_items_in_batch": completion_mask.sum(),
     }
     return {key: value.to(device) for key, value in batch.items()}
