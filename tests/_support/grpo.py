@@ -145,3 +145,17 @@ def lora_config():
     from peft import LoraConfig
 
     return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def on_policy_warnings(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
+    """The on-policy warnings (their messages) that building a trainer and two of its loss steps raise: a method that
+    acts only off-policy warns once, at construction."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation, **options)
+        set_sync(trainer, True)
+        for seed in range(2):  # training steps add no warning
+            trainer.compute_loss(trainer.model, make_grpo_batch(trainer.model, len(tokenizer), seed=seed))
+    return [str(w.message) for w in caught if "on-policy" in str(w.message)]

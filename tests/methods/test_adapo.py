@@ -3,11 +3,18 @@ trl.GRPOTrainer's DAPO loss. Checkpoints: tests/trainer/test_resume.py; accumula
 tests/trainer/test_accumulation.py; invalid config values: tests/trainer/test_bad_input.py."""
 
 import json
-import warnings
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync, toy_config
+from _support.grpo import (
+    build_trainer,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_log_probs,
+    on_policy_warnings,
+    set_sync,
+    toy_config,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
@@ -53,15 +60,9 @@ ON_POLICY = "ADAPO with fully on-policy updates"
 def test_warns_once_at_construction_when_on_policy(
     tmp_path, toy_model_path, toy_tokenizer, accumulation, options, on_policy
 ):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer = build_trainer(
-            ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
-        )
-        set_sync(trainer, True)
-        for seed in range(2):  # training steps add no warning
-            trainer.compute_loss(trainer.model, make_grpo_batch(trainer.model, len(toy_tokenizer), seed=seed))
-    messages = [str(w.message) for w in caught if "on-policy" in str(w.message)]
+    messages = on_policy_warnings(
+        ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
+    )
     assert len(messages) == (1 if on_policy else 0), messages  # ADAPO's own warning, not also the base's clip warning
     if on_policy:  # it names the settings that make ADAPO act
         assert ON_POLICY in messages[0]

@@ -9,11 +9,18 @@ panels, docs, resume) cover it through the registry."""
 
 import math
 import re
-import warnings
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_probs, set_sync, toy_config
+from _support.grpo import (
+    build_trainer,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_log_probs,
+    on_policy_warnings,
+    set_sync,
+    toy_config,
+)
 from _support.parity import assert_same_step
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -107,15 +114,9 @@ ON_POLICY = "CE-GPPO with fully on-policy updates"
 def test_warns_once_at_construction_when_on_policy(
     tmp_path, toy_model_path, toy_tokenizer, accumulation, options, on_policy
 ):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer = build_trainer(
-            CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
-        )
-        set_sync(trainer, True)
-        for seed in range(2):  # training steps add no warning
-            trainer.compute_loss(trainer.model, make_grpo_batch(trainer.model, len(toy_tokenizer), seed=seed))
-    messages = [str(w.message) for w in caught if "on-policy" in str(w.message)]
+    messages = on_policy_warnings(
+        CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
+    )
     assert len(messages) == (1 if on_policy else 0), messages  # CE-GPPO's own, not also the base's clip warning
     if on_policy:  # it names what is inert and the settings that make CE-GPPO act
         assert ON_POLICY in messages[0]
