@@ -41,3 +41,15 @@ def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
     rows = table.splitlines()
     assert rows[3].endswith("| yes | **←** |") and rows[4].endswith("| no |  |")
     assert "| 0.01 | 0.05 | 0.750 |" in rows[3]
+
+
+def test_a_grid_of_paired_points_runs_those_points_only():
+    # ERC's band goes in pairs: its grid lists the points, it is not the product of the two fields' values.
+    points = toy_sweep.grid_points("erc")
+    assert [settings for _, settings in points] == toy_sweep.GRIDS["erc"]
+    assert points[1][0] == "erc_low0p95_high1p05"
+    assert [name for name, _ in toy_sweep.grid_points("ce_gppo")] == [
+        "ce_gppo_beta10p25",
+        "ce_gppo_beta10p5",
+        "ce_gppo_beta10p75",
+    ]
