@@ -43,7 +43,6 @@ def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
     assert "| 0.01 | 0.05 | 0.750 |" in rows[3]
 
 
-
 def test_a_grid_of_paired_points_runs_those_points_only():
     # A grid given as a list (a band's two ends go in pairs) runs its points, not the product of the fields' values.
     paired = [method for method, grid in toy_sweep.GRIDS.items() if isinstance(grid, list)]
