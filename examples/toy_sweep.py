@@ -19,7 +19,8 @@ import subprocess
 import sys
 
 
-# method -> {config field: values}. Clip-Cov: the ratio over 0.01–0.5 and the lower bound of the covariance window.
+# method -> {config field: values} (every combination) or [{config field: value}, ...] (these points only, for
+# fields that go in pairs). Clip-Cov: the ratio over 0.01–0.5 and the lower bound of the covariance window.
 GRIDS = {
     "clip_cov": {"clip_cov_ratio": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5], "clip_cov_lb": [0.05, 0.2, 1.0]},
     "kl_cov": {"kl_cov_ratio": [0.02, 0.1, 0.3], "kl_cov_coef": [1.0, 10.0]},
@@ -28,9 +29,24 @@ GRIDS = {
     "entreg": {"entropy_coef": [0.01, 0.03, 0.1]},
     # AEnt's band stays [0.4, 0.5] around the toy policy's start (0.58 nats): the controller's step and box are swept.
     "aent": {"aent_coef_lr": [0.1, 1.0], "aent_coef_max": [0.05, 0.5]},
+    # CE-GPPO: beta1 (the gradient kept by the tokens clipped below) around the authors' 0.25 / 0.5 / 0.75; beta2 1.
+    "ce_gppo": {"ce_gppo_beta1": [0.25, 0.5, 0.75]},
+    # ERC: the entropy-ratio band, symmetric bands from a tighter one than the authors' scripts' 0.95 / 1.05 to their
+    # config default 0.8 / 1.2.
+    "erc": [
+        {"erc_low": 0.98, "erc_high": 1.02},
+        {"erc_low": 0.95, "erc_high": 1.05},
+        {"erc_low": 0.9, "erc_high": 1.1},
+        {"erc_low": 0.8, "erc_high": 1.2},
+    ],
 }
-# Settings every run of a method's grid shares (the rest of the method's examples/configs YAML).
-FIXED = {"aent": {"aent_entropy_low": 0.4, "aent_entropy_high": 0.5}}
+# Settings every run of a method's grid shares (the rest of the method's examples/configs YAML, except num_iterations:
+# the demo's recipe already trains every run with num_iterations 2).
+FIXED = {
+    "aent": {"aent_entropy_low": 0.4, "aent_entropy_high": 0.5},
+    "ce_gppo": {"ce_gppo_beta2": 1.0, "epsilon": 0.2, "epsilon_high": 0.2, "delta": 10.0},
+    "erc": {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
+}
 REWARD_MARGIN = 0.1
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entropy_collapse_demo.py")
 
@@ -38,9 +54,10 @@ DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entropy_collaps
 def grid_points(method: str) -> list[tuple[str, dict]]:
     """(run name, config values) for every point of the method's grid."""
     grid = GRIDS[method]
+    if isinstance(grid, dict):
+        grid = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     points = []
-    for values in itertools.product(*grid.values()):
-        settings = dict(zip(grid, values, strict=True))
+    for settings in grid:
         name = method + "_" + "_".join(f"{key.split('_')[-1]}{value:g}" for key, value in settings.items())
         points.append((name.replace(".", "p"), settings))
     return points

@@ -477,6 +477,18 @@ def test_demo_rejects_bad_runs(tmp_path):
     (tmp_path / "unfair.yaml").write_text("method: grpo\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match=r"sets \['learning_rate'\], which the demo keeps equal"):
         run_settings("unfair", DemoArguments(configs_dir=str(tmp_path)))
+    # Restating the recipe's own value is allowed (the off-policy methods' configs name num_iterations: 2, the demo's
+    # value); another value is not.
+    (tmp_path / "passes.yaml").write_text("method: grpo\nnum_iterations: 2\nepsilon: 0.1\n")
+    assert run_settings("passes", DemoArguments(configs_dir=str(tmp_path))) == (
+        "grpo",
+        {"num_iterations": 2, "epsilon": 0.1},
+    )
+    (tmp_path / "passes.yaml").write_text("method: grpo\nnum_iterations: 4\n")
+    with pytest.raises(ValueError, match=r"sets \['num_iterations'\], which the demo keeps equal"):
+        run_settings("passes", DemoArguments(configs_dir=str(tmp_path)))
+    for path in sorted(Path(DemoArguments().configs_dir).glob("*.yaml")):  # every shipped config runs in the demo
+        run_settings(path.stem, DemoArguments())
     with pytest.raises(ValueError, match="max_steps must be at least 1, got 0"):
         DemoArguments(max_steps=0)
     older = {"all_seeds": {"0": {"grpo": {"1": {"pass_at_k": {}}}}}, "initial_evaluations": {}}

@@ -41,3 +41,13 @@ def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
     rows = table.splitlines()
     assert rows[3].endswith("| yes | **←** |") and rows[4].endswith("| no |  |")
     assert "| 0.01 | 0.05 | 0.750 |" in rows[3]
+
+
+def test_a_grid_of_paired_points_runs_those_points_only():
+    # A grid given as a list (a band's two ends go in pairs) runs its points, not the product of the fields' values.
+    paired = [method for method, grid in toy_sweep.GRIDS.items() if isinstance(grid, list)]
+    assert paired
+    for method in paired:
+        points = toy_sweep.grid_points(method)
+        assert [settings for _, settings in points] == toy_sweep.GRIDS[method]
+        assert len({name for name, _ in points}) == len(points)

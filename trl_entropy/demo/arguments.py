@@ -133,7 +133,16 @@ def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
         settings = yaml.safe_load(file) or {}
     method = settings.pop("method", name)
     get_method(method)
-    shared = sorted(SHARED_SETTINGS & set(settings))
+    # A config may restate a shared setting at the recipe's value (ERC's and CE-GPPO's name num_iterations: 2, the
+    # off-policy passes they need, which every run of the demo already has); any other value is refused.
+    shared = sorted(
+        key
+        for key in SHARED_SETTINGS & set(settings)
+        if key not in TOY_TRAINING_DEFAULTS or settings[key] != TOY_TRAINING_DEFAULTS[key]
+    )
     if shared:
-        raise ValueError(f"{path} sets {shared}, which the demo keeps equal for every run")
+        raise ValueError(
+            f"{path} sets {shared}, which the demo keeps equal for every run (a config may only restate the toy "
+            "recipe's value)"
+        )
     return method, ({} if demo.paper_defaults else settings)
