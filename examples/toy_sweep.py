@@ -39,6 +39,9 @@ GRIDS = {
         {"erc_low": 0.9, "erc_high": 1.1},
         {"erc_low": 0.8, "erc_high": 1.2},
     ],
+    # EntroPIC: the target below the toy policy's start (0.58 nats) and the proportional gain (the authors' 1 and a
+    # smaller one); the integral gain 0.01 and the probability threshold 0.95 are the authors'.
+    "entropic": {"entropic_target": [0.3, 0.5], "entropic_kp": [0.3, 1.0]},
 }
 # Settings every run of a method's grid shares (the rest of the method's examples/configs YAML, except num_iterations:
 # the demo's recipe already trains every run with num_iterations 2).
@@ -46,6 +49,7 @@ FIXED = {
     "aent": {"aent_entropy_low": 0.4, "aent_entropy_high": 0.5},
     "ce_gppo": {"ce_gppo_beta2": 1.0, "epsilon": 0.2, "epsilon_high": 0.2, "delta": 10.0},
     "erc": {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
+    "entropic": {"entropic_ki": 0.01, "entropic_high_prob": 0.95},
 }
 REWARD_MARGIN = 0.1
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entropy_collapse_demo.py")

@@ -39,7 +39,7 @@ NOT_YET_HOME: dict[str, list[str]] = {
     "benchmarks/step_bench.py": ["aent"],
     "examples/accelerate/single_gpu.yaml": ["aent"],
     "examples/configs/clip_low.yaml": ["adapo"],
-    "examples/toy_sweep.py": ["aent", "ce_gppo", "clip_cov", "erc", "kl_cov", "repo_d", "repo_r"],
+    "examples/toy_sweep.py": ["aent", "ce_gppo", "clip_cov", "entropic", "erc", "kl_cov", "repo_d", "repo_r"],
     "examples/train.py": ["aent", "repo_r"],
     "tests/_support/distributed_run.py": ["adapo", "aent", "clip_cov", "entropic", "kl_cov"],
     "tests/trainer/test_accumulation.py": ["adapo", "aent", "clip_cov", "kl_cov", "repo_d", "repo_r"],
