@@ -42,7 +42,9 @@ def rename_in_trl(monkeypatch, name: str) -> None:
         monkeypatch.delattr(klass, name)
 
 
-def short_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, max_steps, config_class=EntropyGRPOConfig):
+def short_run(
+    trainer_class, toy_model_path, toy_tokenizer, output_dir, max_steps, config_class=EntropyGRPOConfig, **options
+):
     """A trainer of ``trainer_class`` on the toy task, ready to train ``max_steps`` optimizer steps."""
     args = config_class(
         output_dir=str(output_dir),
@@ -52,6 +54,7 @@ def short_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, max_step
         max_steps=max_steps,
         report_to=[],
         use_cpu=True,
+        **options,
     )
     return trainer_class(
         model=toy_model_path,
@@ -252,23 +255,9 @@ class DriftedRolloutTrainer(RolloutEntropyTrainer, TRLWithAnotherRolloutPath):
 
 
 def rollout_run(trainer_class, toy_model_path, toy_tokenizer, output_dir, num_iterations=2):
-    args = EntropyGRPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        max_steps=2,
-        num_iterations=num_iterations,
-        beta=0.04,  # a reference model's scoring call too
-        report_to=[],
-        use_cpu=True,
-    )
-    return trainer_class(
-        model=toy_model_path,
-        processing_class=toy_tokenizer,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8),
+    # beta > 0: a reference model's scoring call too
+    return short_run(
+        trainer_class, toy_model_path, toy_tokenizer, output_dir, 2, num_iterations=num_iterations, beta=0.04
     )
 
 
