@@ -12,7 +12,9 @@ from trl_entropy.toy import build_toy_dataset, toy_reward
 ACCUMULATION = 2  # exercises the accumulation scaling of every loss type
 
 
-def build_pair(path, tokenizer, tmp_path, **options):
+def build_pair(path, tokenizer, tmp_path, dataset=None, reward_funcs=toy_reward, **options):
+    """``(trl.GRPOTrainer, EntropyGRPOTrainer)`` on the model at ``path`` with ``tokenizer`` (a tokenizer or a
+    vision-language processor), the same settings and ``dataset`` (the toy task's by default), in train mode."""
     common = dict(
         per_device_train_batch_size=4,
         num_generations=4,
@@ -24,7 +26,7 @@ def build_pair(path, tokenizer, tmp_path, **options):
         steps_per_generation=ACCUMULATION,
         **options,
     )
-    dataset = build_toy_dataset(8, seed=0)
+    dataset = build_toy_dataset(8, seed=0) if dataset is None else dataset
     trainers = []
     for trainer_class, config_class, name in (
         (GRPOTrainer, GRPOConfig, "trl"),
@@ -32,7 +34,7 @@ def build_pair(path, tokenizer, tmp_path, **options):
     ):
         args = config_class(output_dir=str(tmp_path / name), **common)
         trainer = trainer_class(
-            model=path, reward_funcs=toy_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+            model=path, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer
         )
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = ACCUMULATION

@@ -1,4 +1,4 @@
-"""The shared trainer: parity, loss types, resume, LoRA, accumulation, bad input, model families, vLLM. Tiers
+"""The shared trainer: parity, loss types, resume, LoRA, accumulation, bad input, model families, VLMs, vLLM. Tiers
 (`_support/tiers.py`): training unless named below."""
 
 from _support.tiers import mark_tier

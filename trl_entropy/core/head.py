@@ -23,12 +23,15 @@ from dataclasses import dataclass
 
 import torch
 import transformers
+from accelerate.utils import extract_model_from_parallel, is_peft_model
 from torch.distributed.tensor import DTensor, Partial
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import ModelOutput
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from trl_entropy.kernels import chunked_logprob_entropy
+
+from .multimodal import check_image_tokens, explained_mismatch, multimodal_inputs, rows_of
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,15 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
         kwargs["use_cache"] = False
         if entropy_head.compute_aux_loss:
             kwargs["output_router_logits"] = True
-        # The backbone and head are looked up on every call: PEFT and FSDP replace modules after patching.
-        backbone_outputs = self.base_model(*args, **kwargs)
+        # The backbone and head are looked up on every call: PEFT and FSDP replace modules after patching. A
+        # vision-language model's backbone takes the multimodal inputs and returns the language model's states.
+        try:
+            backbone_outputs = self.base_model(*args, **kwargs)
+        except ValueError as error:
+            explained = explained_mismatch(self, error)
+            if explained is None:
+                raise
+            raise explained from error
         hidden_states = backbone_outputs.last_hidden_state
         keep = entropy_head.logits_to_keep
         # The state at position j predicts token j + 1.
@@ -198,20 +208,34 @@ class ScoredCompletions:
 
 
 def score_completions(
-    model, input_ids, attention_mask, request: EntropyHeadRequest, batch_size: int | None = None, autocast=None
+    model,
+    input_ids,
+    attention_mask,
+    request: EntropyHeadRequest,
+    batch_size: int | None = None,
+    autocast=None,
+    multimodal: dict | None = None,
 ) -> ScoredCompletions:
     """Run the entropy head over ``input_ids`` in slices of ``batch_size`` rows (all at once when None), under
-    ``autocast`` (a context manager factory, e.g. the accelerator's). The router loss is averaged over the slices, as
-    TRL averages it over its forward passes."""
-    batch_size = batch_size or input_ids.size(0)
+    ``autocast`` (a context manager factory, e.g. the accelerator's). A vision-language model also gets the batch's
+    ``multimodal`` inputs (``core/multimodal.py``), each slice its own rows' images. The router loss is averaged over
+    the slices, as TRL averages it over its forward passes."""
+    multimodal = multimodal_inputs(multimodal or {})
+    check_image_tokens(
+        unwrapped(model), input_ids, attention_mask, request.logits_to_keep, "pixel_values" in multimodal
+    )
+    rows = input_ids.size(0)
+    batch_size = batch_size or rows
     outputs = []
-    for start in range(0, input_ids.size(0), batch_size):
+    for start in range(0, rows, batch_size):
+        end = min(start + batch_size, rows)
         with autocast() if autocast is not None else contextlib.nullcontext():
             outputs.append(
                 model(
-                    input_ids=input_ids[start : start + batch_size],
-                    attention_mask=attention_mask[start : start + batch_size],
+                    input_ids=input_ids[start:end],
+                    attention_mask=attention_mask[start:end],
                     entropy_head=request,
+                    **rows_of(multimodal, start, end),
                 )
             )
     return ScoredCompletions(
@@ -220,6 +244,12 @@ def score_completions(
         clamped_entropy=torch.cat([o.clamped_entropy for o in outputs]) if request.clamp_fraction > 0 else None,
         router_loss=torch.stack([o.aux_loss for o in outputs]).mean() if request.compute_aux_loss else None,
     )
+
+
+def unwrapped(model):
+    """The transformers model inside what wraps it for training (DDP, DeepSpeed, PEFT)."""
+    model = extract_model_from_parallel(model)
+    return model.get_base_model() if is_peft_model(model) else model
 
 
 def weightless_model(name_or_path: str, trust_remote_code: bool = False):

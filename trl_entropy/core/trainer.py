@@ -19,14 +19,13 @@ from typing import ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import ProcessorMixin
 
 from .advantages import group_advantages, summed_rewards
 from .batch import CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState
-from .data import check_prompt_columns
+from .data import check_image_columns, check_prompt_columns
 from .head import (
     EntropyHeadRequest,
     ScoredCompletions,
@@ -64,11 +63,7 @@ class EntropyGRPOTrainer(TRLBridge):
         super().__init__(model, reward_funcs, args, *positional, **keyword)
         if self.environment_factories is None:  # an environment supplies the prompts itself (TRL)
             check_prompt_columns(self.train_dataset, self.eval_dataset)
-        if isinstance(self.processing_class, ProcessorMixin):
-            raise NotImplementedError(
-                f"{type(self).__name__} trains text-only causal LMs; vision-language processors "
-                f"({type(self.processing_class).__name__}) are not supported by the entropy head."
-            )
+        check_image_columns(self.train_dataset, self.eval_dataset, self.model, self.processing_class)
         policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
         install_entropy_head(policy, self.temperature, args.cast_lm_head_to_fp32)
         if self.ref_model is not None:
@@ -179,10 +174,18 @@ class EntropyGRPOTrainer(TRLBridge):
         return output
 
     def _score(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0, aux_loss=False
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        clamp_fraction=0.0,
+        aux_loss=False,
+        multimodal=None,
     ):
-        """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``) and the MoE router loss
-        (when ``aux_loss``) of the last ``logits_to_keep`` positions, from the entropy head."""
+        """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``), the MoE router loss (when
+        ``aux_loss``) of the last ``logits_to_keep`` positions, from the entropy head; a VLM's ``multimodal`` too."""
         request = EntropyHeadRequest(
             logits_to_keep=logits_to_keep,
             clamp_fraction=clamp_fraction,
@@ -190,7 +193,9 @@ class EntropyGRPOTrainer(TRLBridge):
             backend=self.args.entropy_kernel_backend,
             compute_aux_loss=aux_loss,
         )
-        scored = score_completions(model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast)
+        scored = score_completions(
+            model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast, multimodal
+        )
         return scored.log_probs, scored.entropy, scored.clamped_entropy, scored.router_loss
 
     def loss_step(self, model, inputs):
@@ -214,10 +219,7 @@ class EntropyGRPOTrainer(TRLBridge):
 
     def score_micro_batch(self, model, inputs) -> ScoredCompletions:
         """Step 1: the completion tokens' log-probs, entropies, clamped entropies (``clamp_fraction()``) and the MoE
-        router loss, from the entropy head."""
-        model_inputs = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids")}
-        if any(value is not None for value in model_inputs.values()):
-            raise NotImplementedError(f"{type(self).__name__} trains on text-only inputs.")
+        router loss, from the entropy head (a vision-language model's images passed on as TRL passes them)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         log_probs, entropy, clamped_entropy, router_loss = self._score(
             model,
@@ -226,6 +228,7 @@ class EntropyGRPOTrainer(TRLBridge):
             completion_ids.size(1),
             clamp_fraction=self.clamp_fraction(),
             aux_loss=self.aux_loss_enabled,
+            multimodal=inputs,  # a VLM's image inputs among them
         )
         return ScoredCompletions(log_probs, entropy, clamped_entropy, router_loss)
 

@@ -173,9 +173,18 @@ class TRLBridge(GRPOTrainer):
         raise NotImplementedError
 
     def _score(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, clamp_fraction=0.0, aux_loss=False
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        clamp_fraction=0.0,
+        aux_loss=False,
+        multimodal=None,
     ):
-        """Per-token log-probs, entropies, clamped entropies and the MoE router loss."""
+        """Per-token log-probs, entropies, clamped entropies and the MoE router loss (``multimodal``: a VLM's
+        image inputs)."""
         raise NotImplementedError
 
     def on_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -217,12 +226,15 @@ class TRLBridge(GRPOTrainer):
         **model_inputs,
     ):
         # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
-        # on-policy ratio is exactly 1.
-        extra = {name: value for name, value in model_inputs.items() if value is not None}
-        if extra:
-            raise NotImplementedError(f"{type(self).__name__} scores text-only inputs; got {sorted(extra)}.")
+        # on-policy ratio is exactly 1. A VLM's multimodal inputs come as keywords, each slice cut from them.
         log_probs, entropy, _, router_loss = self._score(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, aux_loss=compute_aux_loss
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            aux_loss=compute_aux_loss,
+            multimodal=model_inputs,
         )
         if self._scoring_calls is not None:  # the kernel computed the entropy with the log-probs: keep both
             self._scoring_calls.append((log_probs, entropy))

