@@ -291,3 +291,76 @@ def make_vlm_batch(model, processor, *, completion_len: int = 6, seed: int = 0, 
         "ref_per_token_logps": log_probs + 0.2 * torch.randn(log_probs.shape, generator=generator),
         **multimodal,
     }
+
+
+GROUP_SIZE = 4  # num_generations of every VLM trainer below
+
+
+def ranked_answer_reward(completions, answer, **kwargs) -> list[float]:
+    """:func:`answer_reward` plus the completion's place in its group (0, 0.1, ...): a group's rewards differ
+    whatever the policy samples, so every step has advantages and a loss of its own."""
+    correct = answer_reward(completions, answer)
+    return [value + 0.1 * (index % GROUP_SIZE) for index, value in enumerate(correct)]
+
+
+def image_placeholder_ids(processor) -> list[int]:
+    """The ids of the family's image tokens, which a completion must never hold (the forward would look for an image
+    to put there)."""
+    tokenizer = processor.tokenizer
+    names = ("<|image_pad|>", "<|video_pad|>", "<image_soft_token>", "<image>")
+    return [tokenizer.convert_tokens_to_ids(name) for name in names if name in tokenizer.get_vocab()]
+
+
+def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: int = 8, trainer_kwargs=None, **options):
+    """A trainer of the registered ``method`` (``"trl"``: ``trl.GRPOTrainer``) on the image-question task: completions
+    sampled from the policy (never an image placeholder), ranked rewards, fp32 on the CPU, the method's test options
+    (``_support/distributed_run.method_options``), then ``options``."""
+    from _support.distributed_run import method_options, trainer_classes
+
+    config_class, trainer_class = trainer_classes(method)
+    settings = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=8,
+        num_generations=GROUP_SIZE,
+        max_completion_length=6,
+        learning_rate=1e-3,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        generation_kwargs={"suppress_tokens": image_placeholder_ids(processor)},
+    )
+    settings.update(method_options(method))
+    settings.update(options)
+    return trainer_class(
+        model=model,
+        reward_funcs=ranked_answer_reward,
+        args=config_class(**settings),
+        train_dataset=image_question_dataset(dataset_size),
+        processing_class=processor,
+        **(trainer_kwargs or {}),
+    )
+
+
+def vlm_rollout(prompts: list, trainer) -> dict:
+    """A TRL ``rollout_func`` for the image-question task whose completions depend only on the image and the copy
+    index inside its group (no sampling): one process and two see the same completions. The prompt ids are the
+    processor's, placeholders expanded, as TRL's own tokenization gives them."""
+    import zlib
+
+    processor = trainer.processing_class
+    tokenizer = processor.tokenizer
+    seen: dict[bytes, int] = {}
+    prompt_ids, completion_ids = [], []
+    for prompt in prompts:
+        (picture,) = [part["image"] for part in prompt[-1]["content"] if part["type"] == "image"]
+        key = picture.tobytes()
+        copy = seen[key] = seen.get(key, -1) + 1
+        tokenized = processor.apply_chat_template([prompt], add_generation_prompt=True, tokenize=True)
+        prompt_ids.append(list(tokenized[0]))
+        text = ("left", "right", "no", "up")[(zlib.crc32(key) + copy) % 4]
+        completion_ids.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}

@@ -7,11 +7,14 @@ the vision tower's included; the entropy methods train on them through TRL's gen
 resume in the middle of a generation cycle; bad input is refused with the model's class and the fix.
 """
 
+import math
+
 import pytest
 import torch
 from _support.parity import assert_same_step, build_pair
 from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch
 
+from trl_entropy.core.head import EntropyHeadRequest, install_entropy_head, score_completions
 from trl_entropy.core.multimodal import multimodal_inputs
 
 
@@ -67,3 +70,49 @@ def test_sliced_scoring_equals_grpo_trainer_in_one_pass(vlm, tmp_path, batch_siz
     mask = inputs["completion_mask"].bool()
     torch.testing.assert_close(our_log_probs[mask], trl_log_probs[mask], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(our_entropy[mask], trl_entropy[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_head_scores_the_completion_positions_as_the_model_s_own_logits(vlm):
+    """The log-probs, entropies and clamped entropies (AEnt's statistic) of the completion positions, from the LM head
+    where the family keeps it, equal float64 ones from the model's own logits, soft-capped as the text config says
+    (Gemma 3's cap of 1.5: transformers' Gemma3ForConditionalGeneration leaves its logits uncapped, TRL's fused head
+    caps them, and so does the entropy head, to train as TRL does); masked positions are zero. Sliced one row at a
+    time too."""
+    family, _, processor = vlm
+    model, _ = build_vlm(family)
+    install_entropy_head(model, temperature=0.7)
+    inputs = make_vlm_batch(model, processor, seed=5)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    multimodal = multimodal_inputs(inputs)
+    keep = inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        forward_inputs = {key: value for key, value in multimodal.items() if key != "num_images"}
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, **forward_inputs).logits.double()
+        cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
+        log_softmax = (logits[:, -keep - 1 : -1] / 0.7).log_softmax(-1)
+        request = EntropyHeadRequest(logits_to_keep=keep, clamp_fraction=0.2)
+        whole = score_completions(model, input_ids, attention_mask, request, multimodal=multimodal)
+        by_row = score_completions(model, input_ids, attention_mask, request, batch_size=1, multimodal=multimodal)
+    mask = inputs["completion_mask"].bool()
+    expected = {
+        "log_probs": log_softmax.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1),
+        "entropy": -(log_softmax.exp() * log_softmax).sum(-1),
+        "clamped_entropy": naive_clamped_entropy(logits[:, -keep - 1 : -1] / 0.7, 0.2),
+    }
+    for scored in (whole, by_row):
+        for name, values in expected.items():
+            ours = getattr(scored, name)
+            torch.testing.assert_close(ours[mask].double(), values[mask], rtol=1e-5, atol=1e-5, msg=name)
+            assert not ours[~mask].any(), name  # nothing outside the completion
+
+
+def naive_clamped_entropy(logits: torch.Tensor, clamp_fraction: float) -> torch.Tensor:
+    """AEnt's clamped entropy in float64: the entropy of the softmax over the logits left once the floor(p·V)
+    smallest are dropped."""
+    vocabulary = logits.size(-1)
+    kept = logits.double().topk(vocabulary - math.floor(clamp_fraction * vocabulary), dim=-1).values
+    log_probs = kept.log_softmax(-1)
+    return -(log_probs.exp() * log_probs).sum(-1)

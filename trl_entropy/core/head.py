@@ -95,9 +95,13 @@ def router_load_balancing_loss(model, router_logits, attention_mask) -> torch.Te
 def unsupported_head_reason(model) -> str | None:
     """Why the entropy head cannot score ``model`` exactly, or None when it can."""
     if model.get_output_embeddings() is None:
+        with_head = "AutoModelForCausalLM"
+        if getattr(model.config, "vision_config", None) is not None:  # a vision-language backbone (AutoModel's)
+            with_head = "AutoModelForImageTextToText (the *ForConditionalGeneration class)"
         return (
             f"{type(model).__name__} has no output embedding (`get_output_embeddings()` is None): the entropy head "
-            "needs the LM-head weight to compute log-probs and entropies"
+            f"needs the LM-head weight to compute log-probs and entropies. Load the model with {with_head}, which "
+            "has the LM head"
         )
     return None
 
