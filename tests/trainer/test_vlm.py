@@ -11,11 +11,13 @@ import math
 
 import pytest
 import torch
+from _support.distributed_run import controller_value, logged
 from _support.parity import assert_same_step, build_pair
-from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch
+from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch, vlm_trainer
 
 from trl_entropy.core.head import EntropyHeadRequest, install_entropy_head, score_completions
 from trl_entropy.core.multimodal import multimodal_inputs
+from trl_entropy.methods import METHODS
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -116,3 +118,30 @@ def naive_clamped_entropy(logits: torch.Tensor, clamp_fraction: float) -> torch.
     kept = logits.double().topk(vocabulary - math.floor(clamp_fraction * vocabulary), dim=-1).values
     log_probs = kept.log_softmax(-1)
     return -(log_probs.exp() * log_probs).sum(-1)
+
+
+# Every method on Qwen2-VL; AEnt (a controller on the clamped entropy) and KL-Cov (a covariance method, two updates
+# per rollout) on every other family.
+TRAINING_CASES = [("qwen2_vl", method) for method in sorted(METHODS)] + [
+    (family, method) for family in sorted(FAMILIES) if family != "qwen2_vl" for method in ("aent", "kl_cov")
+]
+
+
+@pytest.mark.parametrize("family, method", TRAINING_CASES, ids=[f"{f}-{m}" for f, m in TRAINING_CASES])
+def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
+    """Two optimizer steps through TRL's generation path on the image-question dataset (TRL's shape: an ``image``
+    column, conversational prompts): finite losses, and the language model and the vision tower both move. AEnt's
+    band sits above the policy's clamped entropy, so its coefficient rises."""
+    model, processor = build_vlm(family)
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    options = dict(aent_entropy_low=5.0, aent_entropy_high=6.0) if method == "aent" else {}
+    trainer = vlm_trainer(method, model, processor, str(tmp_path), **options)
+    initial = controller_value(trainer)
+    trainer.train()
+    losses = logged(trainer, "loss")
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    moved = {name for name, parameter in trainer.model.named_parameters() if not torch.equal(before[name], parameter)}
+    assert vision_gradients(dict.fromkeys(moved)), f"{family}: the vision tower did not train"
+    assert moved - set(vision_gradients(dict.fromkeys(moved))), f"{family}: the language model did not train"
+    if method == "aent":
+        assert controller_value(trainer) > initial
