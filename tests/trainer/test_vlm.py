@@ -15,6 +15,7 @@ from _support.distributed_run import controller_value, logged
 from _support.parity import assert_same_step, build_pair
 from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch, vlm_trainer
 
+from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.head import EntropyHeadRequest, install_entropy_head, score_completions
 from trl_entropy.core.multimodal import multimodal_inputs
 from trl_entropy.methods import METHODS
@@ -145,3 +146,76 @@ def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
     assert moved - set(vision_gradients(dict.fromkeys(moved))), f"{family}: the language model did not train"
     if method == "aent":
         assert controller_value(trainer) > initial
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input: refused with the model's class and what to change
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_image_column_for_a_text_only_model_is_refused(toy_model_path, toy_tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"train_dataset has an 'image' column, but LlamaForCausalLM .* text-only"):
+        EntropyGRPOTrainer(
+            model=toy_model_path,
+            reward_funcs=answer_reward,
+            args=EntropyGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, num_generations=4),
+            train_dataset=image_question_dataset(4),
+            processing_class=toy_tokenizer,
+        )
+
+
+@pytest.fixture(scope="module")
+def llava_pair(tmp_path_factory):
+    """``(trl.GRPOTrainer, EntropyGRPOTrainer, processor)`` on the tiny LLaVA."""
+    model, processor = build_vlm("llava")
+    path = tmp_path_factory.mktemp("llava_bad_input")
+    model.save_pretrained(path)
+    trl_trainer, our_trainer = build_pair(
+        str(path), processor, path, dataset=image_question_dataset(), reward_funcs=answer_reward
+    )
+    return trl_trainer, our_trainer, processor
+
+
+def test_image_placeholder_in_a_completion_is_refused(llava_pair):
+    """A policy that samples its own image token: the forward would look for an image to put there."""
+    _, trainer, processor = llava_pair
+    inputs = make_vlm_batch(trainer.model, processor, seed=6)
+    placeholder = processor.tokenizer.convert_tokens_to_ids("<image>")
+    inputs["completion_ids"][0, 2] = placeholder
+    with pytest.raises(ValueError, match=rf"LlavaForConditionalGeneration.*suppress_tokens': \[{placeholder}\]"):
+        trainer.compute_loss(trainer.model, inputs)
+
+
+def test_image_placeholders_without_images_are_refused(llava_pair):
+    """Prompts holding image tokens in a batch without images: the tokens' own embeddings would stand in."""
+    _, trainer, processor = llava_pair
+    inputs = make_vlm_batch(trainer.model, processor, seed=6)
+    del inputs["pixel_values"], inputs["num_images"]
+    message = r"image placeholder token\(s\) of LlavaForConditionalGeneration .* no images"
+    with pytest.raises(ValueError, match=message):
+        trainer.compute_loss(trainer.model, inputs)
+
+
+def test_image_token_count_that_does_not_match_the_images_is_refused(llava_pair):
+    """One image short of the prompts' placeholders: transformers' own check, with the class and the fix."""
+    _, trainer, processor = llava_pair
+    inputs = make_vlm_batch(trainer.model, processor, seed=6)
+    inputs["pixel_values"], inputs["num_images"] = inputs["pixel_values"][:-1], [1, 2, 0, 0]
+    with pytest.raises(ValueError, match="LlavaForConditionalGeneration: Image features and image tokens do not"):
+        trainer.compute_loss(trainer.model, inputs)
+
+
+def test_vlm_without_a_findable_lm_head_is_refused(tmp_path):
+    """AutoModel's VLM backbone (no LM head): refused before TRL's set-up, naming the class to load instead."""
+    from transformers import Qwen2VLModel
+
+    model, processor = build_vlm("qwen2_vl")
+    backbone = Qwen2VLModel(model.config)
+    with pytest.raises(ValueError, match=r"Qwen2VLModel has no output embedding.*AutoModelForImageTextToText"):
+        EntropyGRPOTrainer(
+            model=backbone,
+            reward_funcs=answer_reward,
+            args=EntropyGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, num_generations=4),
+            train_dataset=image_question_dataset(4),
+            processing_class=processor,
+        )
