@@ -8,14 +8,17 @@ resume in the middle of a generation cycle; bad input is refused with the model'
 """
 
 import math
+import os
 
 import pytest
 import torch
-from _support.distributed_run import controller_value, logged
+from _support.distributed_run import ControllerRecorder, controller_value, logged
 from _support.parity import assert_same_step, build_pair
+from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight
 from _support.vlm import FAMILIES, answer_reward, build_vlm, image_question_dataset, make_vlm_batch, vlm_trainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
 from trl_entropy.core.head import EntropyHeadRequest, install_entropy_head, score_completions
 from trl_entropy.core.multimodal import multimodal_inputs
 from trl_entropy.methods import METHODS
@@ -219,3 +222,92 @@ def test_vlm_without_a_findable_lm_head_is_refused(tmp_path):
             train_dataset=image_question_dataset(4),
             processing_class=processor,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# LoRA, resume
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_lora_adapter_trains_a_vlm_saves_and_reloads(tmp_path):
+    """A LoRA adapter on Qwen2-VL's language model: only the adapter moves; the reference (the adapter switched off,
+    beta > 0) starts at KL 0; the saved adapter on a fresh base gives the trained model's log-probs, image included."""
+    from peft import LoraConfig, PeftModel
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model, processor = build_vlm("qwen2_vl")
+    model.save_pretrained(tmp_path / "base")
+    adapter = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = vlm_trainer(
+        "aent",
+        str(tmp_path / "base"),
+        processor,
+        str(tmp_path / "run"),
+        learning_rate=1e-2,
+        beta=0.1,
+        trainer_kwargs={"peft_config": adapter},
+    )
+    assert isinstance(trainer.model, PeftModel) and trainer.ref_model is None
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    trainer.train()
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(before[name], p.detach())}
+    assert changed and changed <= trainable
+    kl = logged(trainer, "kl")
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-7
+
+    trainer.save_model(str(tmp_path / "adapter"))
+    base = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    inputs = make_vlm_batch(reloaded, processor, seed=7)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    trainer.model.eval()
+    with torch.no_grad():
+        trained, *_ = trainer._score(trainer.model, input_ids, attention_mask, 6, multimodal=inputs)
+    with torch.no_grad():
+        forward_inputs = {k: v for k, v in multimodal_inputs(inputs).items() if k != "num_images"}
+        logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, **forward_inputs).logits.double()
+    expected = logits[:, -7:-1].log_softmax(-1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    mask = inputs["completion_mask"].bool()
+    torch.testing.assert_close(trained[mask].double(), expected[mask], rtol=1e-5, atol=1e-5)
+
+
+def vlm_resume_run(path, processor, output_dir, resume_from=None):
+    """AEnt on Qwen2-VL for ``STEPS`` steps, two per generation cycle, a checkpoint at every step; returns the trainer
+    and the controller value after each step."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    trainer = vlm_trainer(
+        "aent",
+        model,
+        processor,
+        output_dir,
+        num_iterations=2,
+        max_steps=STEPS,
+        save_strategy="steps",
+        save_steps=1,
+        aent_entropy_low=5.0,
+        aent_entropy_high=6.0,
+    )
+    recorder = ControllerRecorder()
+    recorder.trainer = trainer
+    trainer.add_callback(recorder)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer, recorder.values
+
+
+def test_vlm_resumed_mid_cycle_equals_the_straight_run(tmp_path):
+    """Resumed from the checkpoint inside the first generation cycle (its images among the buffered batch), the run
+    continues the straight one: losses, entropies, gradient norms, rewards, AEnt's coefficient, the weights."""
+    model, processor = build_vlm("qwen2_vl")
+    model.save_pretrained(tmp_path / "base")
+    path = str(tmp_path / "base")
+    straight, straight_values = vlm_resume_run(path, processor, str(tmp_path / "straight"))
+    checkpoint = str(tmp_path / "straight" / f"checkpoint-{CHECKPOINT}")
+    resumed, resumed_values = vlm_resume_run(path, processor, str(tmp_path / "resumed"), resume_from=checkpoint)
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
+    buffered = torch.load(os.path.join(checkpoint, GENERATION_BATCH_FILE.format(process_index=0)), weights_only=True)
+    assert all("pixel_values" in micro_batch for micro_batch in buffered)

@@ -15,7 +15,7 @@ from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.core.drift import (
     INSTANCE_ATTRIBUTES,
-    OVERRIDE,
+    OVERRIDES,
     PASS_AT_K_NAMES,
     PRIVATE_NAMES,
     check_class,
@@ -222,7 +222,7 @@ def test_the_guard_lists_exactly_the_private_names_the_bridge_uses():
     assert set(trl_private_uses(bridge)) == set(PRIVATE_NAMES)
     (bridge_class,) = [node for node in bridge.body if isinstance(node, ast.ClassDef) and node.name == "TRLBridge"]
     overridden = {item.name for item in bridge_class.body if isinstance(item, ast.FunctionDef)} & set(PRIVATE_NAMES)
-    assert overridden == {name for name, private in PRIVATE_NAMES.items() if private.use == OVERRIDE}
+    assert overridden == {name for name, private in PRIVATE_NAMES.items() if private.use in OVERRIDES}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

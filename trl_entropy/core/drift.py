@@ -44,6 +44,8 @@ class PrivateName:
 
 
 OVERRIDE = "overrides to apply its entropy control; training would run without it"
+RENAMED_WEIGHTS = "overrides to load a checkpoint's renamed weights (a VLM's); a resumed run would train on its start"
+OVERRIDES = (OVERRIDE, RENAMED_WEIGHTS)
 ENTROPY_BONUS = "reads and writes to compute TRL's entropy bonus (entropy_coef, use_adaptive_entropy)"
 PASS_AT_K = "uses to sample and score pass@k's completions"
 
@@ -66,6 +68,7 @@ PRIVATE_NAMES: dict[str, PrivateName] = {
     "_compute_loss": PrivateName("method", OVERRIDE, ("model", "inputs")),
     "_save_checkpoint": PrivateName("method", OVERRIDE, ("model", "trial")),
     "_load_optimizer_and_scheduler": PrivateName("method", OVERRIDE, ("checkpoint",)),
+    "_load_from_checkpoint": PrivateName("method", RENAMED_WEIGHTS, ("resume_from_checkpoint", "model")),
     "_get_output_dir": PrivateName("method", "calls to find the checkpoint folder it writes into", ("trial",)),
     "_tokenize_prompts": PrivateName("method", PASS_AT_K, ("prompts",)),
     "_generate_single_turn": PrivateName(

@@ -10,7 +10,8 @@ library what it needs under its own names. Every private name used here is liste
 * ``_calculate_rewards``                 → ``on_rewards(rewards_per_func)``, every rank's rewards;
 * ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``, with the rollout policy's
   entropy kept for a trainer that declares ``needs_rollout_entropy``;
-* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``.
+* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``;
+* ``_load_from_checkpoint``             → also ``core/weights.py`` (a VLM's renamed weights).
 
 Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:`TRLBridge.micro_step` and
 :attr:`TRLBridge.buffered_generation_batch` (where a generation cycle stands, for checkpoints),
@@ -39,6 +40,7 @@ from .drift import (
 )
 from .objectives import adaptive_entropy_coef_step
 from .statistics import masked_mean, replace_tail
+from .weights import load_renamed_weights
 
 
 class TRLBridge(GRPOTrainer):
@@ -256,6 +258,11 @@ class TRLBridge(GRPOTrainer):
         save_entropy_control(self, folder)
         super()._save_checkpoint(model, trial)
         end_checkpoint(self, folder)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if not self.is_fsdp_enabled:  # FSDP loads its own sharded state; DeepSpeed never comes here
+            load_renamed_weights(self.model if model is None else model, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
