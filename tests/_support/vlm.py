@@ -314,7 +314,7 @@ def image_placeholder_ids(processor) -> list[int]:
 def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: int = 8, trainer_kwargs=None, **options):
     """A trainer of the registered ``method`` (``"trl"``: ``trl.GRPOTrainer``) on the image-question task: completions
     sampled from the policy (never an image placeholder), ranked rewards, fp32 on the CPU, the method's test options
-    (``_support/distributed_run.method_options``), then ``options``."""
+    (``_support/distributed_run.method_options``; AEnt's band above the policy's entropy), then ``options``."""
     from _support.distributed_run import method_options, trainer_classes
 
     config_class, trainer_class = trainer_classes(method)
@@ -334,6 +334,8 @@ def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: in
         generation_kwargs={"suppress_tokens": image_placeholder_ids(processor)},
     )
     settings.update(method_options(method))
+    if method == "aent":  # a band above the clamped entropy (at most ln V ≈ 4.6): the coefficient rises every cycle
+        settings.update(aent_entropy_low=5.0, aent_entropy_high=6.0)
     settings.update(options)
     return trainer_class(
         model=model,

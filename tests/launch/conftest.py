@@ -7,6 +7,7 @@ from _support.tiers import mark_tier
 FILES = {}
 LAUNCHES = {
     "test_distributed.py": "all",
+    "test_vlm_distributed.py": "all",
     "test_gpu_runbook.py": "all",
     "test_examples.py": {
         "test_train_command_line_error_as_a_process",

@@ -138,8 +138,7 @@ def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
     band sits above the policy's clamped entropy, so its coefficient rises."""
     model, processor = build_vlm(family)
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
-    options = dict(aent_entropy_low=5.0, aent_entropy_high=6.0) if method == "aent" else {}
-    trainer = vlm_trainer(method, model, processor, str(tmp_path), **options)
+    trainer = vlm_trainer(method, model, processor, str(tmp_path))
     initial = controller_value(trainer)
     trainer.train()
     losses = logged(trainer, "loss")
@@ -289,8 +288,6 @@ def vlm_resume_run(path, processor, output_dir, resume_from=None):
         max_steps=STEPS,
         save_strategy="steps",
         save_steps=1,
-        aent_entropy_low=5.0,
-        aent_entropy_high=6.0,
     )
     recorder = ControllerRecorder()
     recorder.trainer = trainer
