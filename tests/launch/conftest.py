@@ -15,6 +15,7 @@ LAUNCHES = {
         "test_train_runs_every_method",
         "test_train_use_peft_trains_a_lora_adapter",
         "test_train_yaml_config_and_command_line_override",
+        "test_train_vlm_on_a_local_image_question_dataset",
     },
 }
 

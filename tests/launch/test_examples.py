@@ -117,6 +117,35 @@ def write_real_model_case(folder: Path, toy_cache: str) -> list[str]:
     return [*arguments, *TINY, "--output_dir", str(folder / "out_real")]
 
 
+def write_image_questions(folder: Path, rows: int = 8) -> str:
+    """A MATH-style image-question dataset folder (``problem``, ``solution`` and the image in ``picture``), as
+    parquet: the format that keeps the images."""
+    from _support.vlm import image
+    from datasets import Dataset
+
+    folder.mkdir()
+    questions = {
+        "problem": [f"What is {a}+{a + 1}?" for a in range(rows)],
+        "solution": [f"It is $\\boxed{{{2 * a + 1}}}$." for a in range(rows)],
+        "picture": [image(a) for a in range(rows)],
+    }
+    Dataset.from_dict(questions).to_parquet(str(folder / "train.parquet"))
+    return str(folder)
+
+
+def write_real_vlm_case(folder: Path) -> list[str]:
+    """A saved tiny LLaVA with its processor and an image-question dataset folder, for --dataset_image_column."""
+    from _support.vlm import build_vlm
+
+    model, processor = build_vlm("llava")
+    model.save_pretrained(folder / "vlm")
+    processor.save_pretrained(folder / "vlm")
+    dataset = write_image_questions(folder / "image_questions")
+    arguments = ["--method", "aent", "--model_name_or_path", str(folder / "vlm"), "--dataset_name", dataset]
+    arguments += ["--dataset_image_column", "picture", "--use_cpu", "--report_to", "none"]
+    return [*arguments, "--max_completion_length", "8", *TINY, "--output_dir", str(folder / "out_vlm")]
+
+
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
 
 
@@ -124,12 +153,14 @@ LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modul
 def cli_runs(toy_cache, tmp_path_factory):
     """Every command-line case of train.py in one launch: ``{case: (folder, exit status, stdout, stderr)}``. The cases:
     every registered method (``method:<name>``), a YAML config with a command-line override, LoRA, a real model on a
-    local math dataset, and the errors of ``CLI_ERRORS`` run as a process (``error:<case>``)."""
+    local math dataset, a vision-language model on local image questions, and the errors of ``CLI_ERRORS`` run as a
+    process (``error:<case>``)."""
     folder = tmp_path_factory.mktemp("cli")
     runs = [(f"method:{m}", ["--method", m, *TINY, "--toy_policy_cache", toy_cache]) for m in sorted(METHODS)]
     runs.append(("yaml", write_yaml_case(folder, toy_cache)))
     runs.append(("lora", ["--method", "repo_r", *TINY, *LORA, "--toy_policy_cache", toy_cache]))
     runs.append(("real_model", write_real_model_case(folder, toy_cache)))
+    runs.append(("real_vlm", write_real_vlm_case(folder)))
     runs += [(f"error:{case}", fill(CLI_ERRORS[case][0], folder, "")) for case in PROCESS_ERRORS]
     (folder / "runs.json").write_text(json.dumps(runs))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_DISABLED="true")
@@ -513,6 +544,38 @@ def test_train_real_model_on_a_local_math_dataset(cli_runs):
     assert "rewards/math_answer_reward/mean" in metrics and "aent/coef" in metrics
     assert float(metrics["learning_rate"]) == pytest.approx(1e-6)  # TRL's default schedule, not the toy recipe's
     assert (folder / "out_real" / "model.safetensors").exists()
+
+
+def test_train_vlm_on_a_local_image_question_dataset(cli_runs):
+    """--dataset_image_column end to end, offline: a saved tiny LLaVA and its processor, image questions with
+    verifiable answers, the image column renamed to TRL's ``image``."""
+    folder, status, stdout, stderr = cli_runs["real_vlm"]
+    assert status == 0, stderr[-4000:]
+    metrics = logged_metrics(stdout + stderr)
+    assert "rewards/math_answer_reward/mean" in metrics and "aent/coef" in metrics
+    assert math.isfinite(float(metrics["loss"]))
+    assert (folder / "out_vlm" / "model.safetensors").exists()
+
+
+def test_real_math_dataset_keeps_the_image_column_as_trl_s_image(tmp_path):
+    from transformers import LlavaConfig
+
+    dataset = write_image_questions(tmp_path / "images", rows=2)
+    rows = train_script.real_math_dataset(
+        train_arguments.TrainScriptArguments(dataset_name=dataset, dataset_image_column="picture")
+    )
+    assert set(rows.column_names) == {"prompt", "answer", "image"}
+    assert rows[0]["answer"] == "1" and rows[0]["image"].size == (28, 28)
+    with pytest.raises(ValueError, match=r"has no column 'photo' \(--dataset_image_column\)"):
+        train_script.real_math_dataset(
+            train_arguments.TrainScriptArguments(dataset_name=dataset, dataset_image_column="photo")
+        )
+    config = LlavaConfig(image_token_index=7)
+    assert train_script.without_image_tokens(None, config) == {"suppress_tokens": [7]}
+    assert train_script.without_image_tokens({"suppress_tokens": [3], "top_k": 5}, config) == {
+        "suppress_tokens": [3, 7],
+        "top_k": 5,
+    }
 
 
 def test_real_math_dataset_reads_gsm8k_and_math_columns(tmp_path):

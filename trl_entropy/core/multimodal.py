@@ -83,9 +83,9 @@ def split(values: list, counts: list[int]) -> list[list]:
     return groups
 
 
-def image_token_id(model) -> int | None:
-    """The id of the placeholder token a vision-language model replaces with image features (None: no such token)."""
-    config = model.config
+def image_token_id(config) -> int | None:
+    """The id of the placeholder token a vision-language model (of ``config``) replaces with image features (None: no
+    such token)."""
     for attribute in ("image_token_id", "image_token_index"):
         value = getattr(config, attribute, None)
         if value is not None:
@@ -96,7 +96,7 @@ def image_token_id(model) -> int | None:
 def check_image_tokens(model, input_ids, attention_mask, logits_to_keep: int, has_images: bool) -> None:
     """Refuse a batch whose image placeholders the model would fill wrongly: one in a completion (the policy sampled
     it), or in a prompt of a batch without images (the token's own embedding would stand in for an image)."""
-    token = image_token_id(model)
+    token = image_token_id(model.config)
     if token is None:
         return
     placeholders = (input_ids == token) & attention_mask.bool()

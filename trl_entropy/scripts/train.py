@@ -2,7 +2,8 @@
 
 Without ``--model_name_or_path``: the built-in toy policy on the toy task, on the CPU, with the toy recipe. With one:
 that model on a math dataset with verifiable answers (GSM8K's ``question``/``answer`` columns or MATH-style
-``problem``/``solution``), scored by :func:`trl_entropy.rewards.math_answer_reward`. The command line is parsed by
+``problem``/``solution``), scored by :func:`trl_entropy.rewards.math_answer_reward`; with ``--dataset_image_column``
+too, a vision-language model on image questions of that form. The command line is parsed by
 :mod:`trl_entropy.scripts.train_arguments`; ``--help`` lists the method's options first.
 """
 
@@ -43,7 +44,8 @@ def check_model_exists(parser, name_or_path: str, revision: str) -> None:
 
 
 def real_math_dataset(script_args):
-    """The dataset's train split as conversational prompts with a reference ``answer`` column."""
+    """The dataset's train split as conversational prompts with a reference ``answer`` column, and the images of
+    ``--dataset_image_column`` as TRL's ``image`` column."""
     from datasets import load_dataset
 
     from trl_entropy.rewards import extract_final_answer
@@ -60,13 +62,35 @@ def real_math_dataset(script_args):
             "(GSM8K) or 'problem'/'solution' (MATH) columns"
         )
 
+    image = script_args.dataset_image_column
+    if image is not None and image not in columns:
+        raise ValueError(
+            f"{script_args.dataset_name} has no column {image!r} (--dataset_image_column); its columns: "
+            f"{sorted(columns)}"
+        )
+
     def to_prompt(row):
         return {
             "prompt": [{"role": "user", "content": row[question] + INSTRUCTION}],
             "answer": extract_final_answer(row[solution]),
         }
 
-    return dataset.map(to_prompt, remove_columns=dataset.column_names)
+    dropped = [column for column in dataset.column_names if column != image]
+    dataset = dataset.map(to_prompt, remove_columns=dropped)
+    return dataset if image in (None, "image") else dataset.rename_column(image, "image")
+
+
+def without_image_tokens(generation_kwargs: dict | None, config) -> dict:
+    """``generation_kwargs`` that also keep a vision-language model's image placeholder out of the completions (the
+    forward would look for an image to put there)."""
+    from trl_entropy.core.multimodal import image_token_id
+
+    generation_kwargs = dict(generation_kwargs or {})
+    suppressed = list(generation_kwargs.get("suppress_tokens") or [])
+    token = image_token_id(config)
+    if token is not None and token not in suppressed:
+        generation_kwargs["suppress_tokens"] = [*suppressed, token]
+    return generation_kwargs
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -89,7 +113,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         train_dataset = toy_training_set(script_args.toy_num_prompts, rows, seed=training_args.seed)
         reward = toy_reward
     else:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
         from trl_entropy.rewards import math_answer_reward
 
@@ -104,7 +128,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             "dtype": model_args.dtype,
             **(training_args.model_init_kwargs or {}),
         }
-        tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision)
+        if script_args.dataset_image_column is None:
+            tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision)
+        else:  # a vision-language model: its processor, and no image placeholder sampled
+            tokenizer = AutoProcessor.from_pretrained(model, revision=model_args.model_revision)
+            config = AutoConfig.from_pretrained(model, revision=model_args.model_revision)
+            training_args.generation_kwargs = without_image_tokens(training_args.generation_kwargs, config)
         train_dataset = real_math_dataset(script_args)
         reward = math_answer_reward
 

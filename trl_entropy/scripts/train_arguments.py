@@ -44,6 +44,15 @@ class TrainScriptArguments(ScriptArguments):
             "choices": list(METHODS),
         },
     )
+    dataset_image_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train a vision-language model on image questions: the dataset column holding each question's "
+            "image. It becomes the 'image' column trl.GRPOTrainer reads (TRL's own scripts take a column named "
+            "'image' as it is); the model's processor (AutoProcessor) replaces the tokenizer, and the image "
+            "placeholder tokens are kept out of the sampled completions."
+        },
+    )
     toy_num_prompts: int = field(
         default=TOY_NUM_PROMPTS,
         metadata={
