@@ -16,6 +16,7 @@ from PIL import Image
 IMAGE_SIDE = 28  # pixels; the vision towers below use 14-pixel patches
 TEXT = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=14)
+HEAD_SCALE = 40.0
 CHARACTERS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -190,9 +191,13 @@ FAMILIES = {
 
 def build_vlm(family: str, seed: int = 0):
     """``(model, processor)`` of ``family``: random weights drawn from ``seed``, float32, the generation config's pad
-    and end-of-sequence tokens the tokenizer's."""
+    and end-of-sequence tokens the tokenizer's. The LM head is scaled up: at its initial scale the policy is all but
+    uniform (entropy ln V), with it about as peaked as a trained one (entropy about 2 nats where no soft-cap bounds
+    the logits)."""
     torch.manual_seed(seed)
     model, processor = FAMILIES[family]()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(HEAD_SCALE)
     tokenizer = processor.tokenizer
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -296,6 +301,25 @@ def make_vlm_batch(model, processor, *, completion_len: int = 6, seed: int = 0, 
 GROUP_SIZE = 4  # num_generations of every VLM trainer below
 
 
+def clamped_entropy_controllers() -> list[str]:
+    """The methods with a controller whose loss reads the clamped entropy, found by what they do (the registry names
+    live in each method's home: tests/unit/test_method_homes.py)."""
+    from _support.distributed_run import ADAPTIVE_METHODS
+    from trl_entropy.core.trainer import EntropyGRPOTrainer
+    from trl_entropy.methods import METHODS
+
+    base = EntropyGRPOTrainer.clamp_fraction
+    return [name for name in ADAPTIVE_METHODS if METHODS[name].trainer_class.clamp_fraction is not base]
+
+
+def covariance_methods() -> list[str]:
+    """The methods that select tokens by the covariance of log-prob and advantage (Clip-Cov's and KL-Cov's base)."""
+    from trl_entropy.methods import METHODS
+    from trl_entropy.methods.cov_selection import CovSelectionTrainer
+
+    return sorted(name for name, spec in METHODS.items() if issubclass(spec.trainer_class, CovSelectionTrainer))
+
+
 def ranked_answer_reward(completions, answer, **kwargs) -> list[float]:
     """:func:`answer_reward` plus the completion's place in its group (0, 0.1, ...): a group's rewards differ
     whatever the policy samples, so every step has advantages and a loss of its own."""
@@ -314,7 +338,7 @@ def image_placeholder_ids(processor) -> list[int]:
 def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: int = 8, trainer_kwargs=None, **options):
     """A trainer of the registered ``method`` (``"trl"``: ``trl.GRPOTrainer``) on the image-question task: completions
     sampled from the policy (never an image placeholder), ranked rewards, fp32 on the CPU, the method's test options
-    (``_support/distributed_run.method_options``; AEnt's band above the policy's entropy), then ``options``."""
+    (``_support/distributed_run.method_options``), then ``options``."""
     from _support.distributed_run import method_options, trainer_classes
 
     config_class, trainer_class = trainer_classes(method)
@@ -334,8 +358,6 @@ def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: in
         generation_kwargs={"suppress_tokens": image_placeholder_ids(processor)},
     )
     settings.update(method_options(method))
-    if method == "aent":  # a band above the clamped entropy (at most ln V ≈ 4.6): the coefficient rises every cycle
-        settings.update(aent_entropy_low=5.0, aent_entropy_high=6.0)
     settings.update(options)
     return trainer_class(
         model=model,

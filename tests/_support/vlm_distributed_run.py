@@ -1,8 +1,9 @@
 """A short training run of trainers on a tiny vision-language model, for ``accelerate launch`` and a plain process.
 
     CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes 2 tests/_support/vlm_distributed_run.py \
-        --family qwen2_vl --out DIR/two --per-device-batch-size 4
-    python tests/_support/vlm_distributed_run.py --family qwen2_vl --out DIR/one --per-device-batch-size 8
+        --family qwen2_vl --out DIR/two --per-device-batch-size 4 --methods grpo
+    python tests/_support/vlm_distributed_run.py --family qwen2_vl --out DIR/one --per-device-batch-size 8 \
+        --methods grpo
 
 Every process builds the same tiny VLM (``_support/vlm.py``, seeded) and trains each of ``--methods`` on the
 image-question dataset, with completions from ``vlm.vlm_rollout`` (a fixed function of the image and the copy index:
@@ -58,7 +59,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", required=True, help="a family of _support/vlm.py's FAMILIES")
     parser.add_argument("--out", required=True, help="folder for the per-rank records")
-    parser.add_argument("--methods", default="aent,grpo", help="comma-separated registry names")
+    parser.add_argument("--methods", required=True, help="comma-separated registry names")
     parser.add_argument("--per-device-batch-size", type=int, required=True)
     parser.add_argument("--steps", type=int, default=3)
     options = parser.parse_args(argv)
