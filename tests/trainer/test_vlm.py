@@ -213,6 +213,18 @@ def test_image_token_count_that_does_not_match_the_images_is_refused(llava_pair)
         trainer.compute_loss(trainer.model, inputs)
 
 
+def test_a_model_input_the_head_would_drop_is_refused(llava_pair):
+    """A multimodal keyword a later TRL scores with (here a video's pixels) is refused, not left out of the forward."""
+    _, trainer, processor = llava_pair
+    inputs = make_vlm_batch(trainer.model, processor, seed=6)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with pytest.raises(NotImplementedError, match=r"\['pixel_values_videos'\].*core/multimodal.py"):
+        trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, 6, **multimodal_inputs(inputs), pixel_values_videos=torch.ones(1)
+        )
+
+
 def test_vlm_without_a_findable_lm_head_is_refused(tmp_path):
     """AutoModel's VLM backbone (no LM head): refused before TRL's set-up, naming the class to load instead."""
     from transformers import Qwen2VLModel

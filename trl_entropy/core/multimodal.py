@@ -24,11 +24,23 @@ MODEL_KEYS = (
 )
 PLACEMENT_KEYS = ("num_images", "num_tiles")
 PER_ROW_KEYS = ("token_type_ids", "mm_token_type_ids")
+KNOWN_KEYS = (*MODEL_KEYS, *PLACEMENT_KEYS)
 
 
 def multimodal_inputs(inputs: dict) -> dict:
     """The multimodal entries of a batch (those that are set)."""
-    return {key: inputs[key] for key in MODEL_KEYS + PLACEMENT_KEYS if inputs.get(key) is not None}
+    return {key: inputs[key] for key in KNOWN_KEYS if inputs.get(key) is not None}
+
+
+def check_known_inputs(model_inputs: dict) -> None:
+    """Refuse a multimodal input this module does not place (a later TRL's): scoring without it would score another
+    model than TRL's."""
+    unknown = sorted(key for key, value in model_inputs.items() if value is not None and key not in KNOWN_KEYS)
+    if unknown:
+        raise NotImplementedError(
+            f"trl_entropy does not pass the model inputs {unknown} that this TRL scores with: add them to "
+            "trl_entropy/core/multimodal.py (where each slice of rows gets its own), or use a supported TRL version."
+        )
 
 
 def bounds(counts, start: int, end: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from .drift import (
     check_rollout_entropy,
     check_trainer,
 )
+from .multimodal import check_known_inputs
 from .objectives import adaptive_entropy_coef_step
 from .statistics import masked_mean, replace_tail
 from .weights import load_renamed_weights
@@ -229,6 +230,7 @@ class TRLBridge(GRPOTrainer):
     ):
         # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
         # on-policy ratio is exactly 1. A VLM's multimodal inputs come as keywords, each slice cut from them.
+        check_known_inputs(model_inputs)
         log_probs, entropy, _, router_loss = self._score(
             model,
             input_ids,
