@@ -234,6 +234,16 @@ def image_question_dataset(rows: int = 8, seed: int = 0):
     return Dataset.from_dict({"prompt": [prompt] * rows, "image": images, "answer": answers})
 
 
+def two_image_dataset(rows: int = 8):
+    """TRL's other shape: an ``images`` column (two per row) and prompts whose messages hold the image parts."""
+    from datasets import Dataset
+
+    content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Which one is brighter?"}]
+    prompt = [{"role": "user", "content": content}]
+    images = [[image(2 * row), image(2 * row + 1)] for row in range(rows)]
+    return Dataset.from_dict({"prompt": [prompt] * rows, "images": images, "answer": ["first"] * rows})
+
+
 def answer_reward(completions, answer, **kwargs) -> list[float]:
     """1 when the completion says the answer, else 0."""
     texts = [completion[0]["content"] if isinstance(completion, list) else completion for completion in completions]
@@ -335,13 +345,18 @@ def image_placeholder_ids(processor) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(name) for name in names if name in tokenizer.get_vocab()]
 
 
-def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: int = 8, trainer_kwargs=None, **options):
-    """A trainer of the registered ``method`` (``"trl"``: ``trl.GRPOTrainer``) on the image-question task: completions
-    sampled from the policy (never an image placeholder), ranked rewards, fp32 on the CPU, the method's test options
-    (``_support/distributed_run.method_options``), then ``options``."""
+def vlm_trainer(
+    method: str, model, processor, output_dir: str, dataset=None, trainer_class=None, trainer_kwargs=None, **options
+):
+    """A trainer of the registered ``method`` (``"trl"``: ``trl.GRPOTrainer``) on ``dataset`` (by default the
+    image-question task of :func:`image_question_dataset`): completions sampled from the policy (never an image
+    placeholder), ranked rewards, fp32 on the CPU, the method's test options
+    (``_support/distributed_run.method_options``), then ``options``; ``trainer_class`` replaces the method's (a
+    subclass of it that records something)."""
     from _support.distributed_run import method_options, trainer_classes
 
-    config_class, trainer_class = trainer_classes(method)
+    config_class, method_trainer_class = trainer_classes(method)
+    trainer_class = trainer_class or method_trainer_class
     settings = dict(
         output_dir=output_dir,
         per_device_train_batch_size=8,
@@ -363,7 +378,7 @@ def vlm_trainer(method: str, model, processor, output_dir: str, dataset_size: in
         model=model,
         reward_funcs=ranked_answer_reward,
         args=config_class(**settings),
-        train_dataset=image_question_dataset(dataset_size),
+        train_dataset=image_question_dataset() if dataset is None else dataset,
         processing_class=processor,
         **(trainer_kwargs or {}),
     )

@@ -23,6 +23,7 @@ from _support.vlm import (
     covariance_methods,
     image_question_dataset,
     make_vlm_batch,
+    two_image_dataset,
     vlm_trainer,
 )
 
@@ -154,6 +155,41 @@ def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
     moved = {name for name, parameter in trainer.model.named_parameters() if not torch.equal(before[name], parameter)}
     assert vision_gradients(dict.fromkeys(moved)), f"{family}: the vision tower did not train"
     assert moved - set(vision_gradients(dict.fromkeys(moved))), f"{family}: the language model did not train"
+
+
+class RatioRecorder(EntropyGRPOTrainer):
+    """The base, recording how far each micro-batch's log-probs lie from the rollout log-probs TRL scored."""
+
+    rollout_gaps: list[float]
+
+    def completion_batch(self, inputs, scored):
+        assert inputs.get("old_per_token_logps") is not None, "TRL scored no rollout log-probs: nothing to compare"
+        batch = super().completion_batch(inputs, scored)
+        gap = ((batch.log_probs - batch.old_log_probs).abs() * batch.mask).max().item()
+        self.rollout_gaps = [*getattr(self, "rollout_gaps", []), gap]
+        return batch
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3", "idefics3"])
+def test_two_images_per_prompt_are_scored_alike_by_slice_and_by_micro_batch(family, tmp_path):
+    """TRL's ``images`` column (two images a row, the prompt's messages holding the image parts) through TRL's whole
+    path: the rollout log-probs of a generation batch of two micro-batches, scored a micro-batch at a time, equal the
+    loss step's log-probs of the first micro-batch (no update in between: the ratio is 1), whichever rows TRL's
+    shuffle put together."""
+    model, processor = build_vlm(family)
+    trainer = vlm_trainer(
+        "grpo",
+        model,
+        processor,
+        str(tmp_path),
+        dataset=two_image_dataset(),
+        trainer_class=RatioRecorder,
+        steps_per_generation=2,  # a generation batch of two micro-batches; TRL scores it one at a time
+        max_steps=1,
+    )
+    trainer.train()
+    (gap,) = trainer.rollout_gaps
+    assert gap < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------------------------------
