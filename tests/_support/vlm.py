@@ -127,7 +127,11 @@ def gemma3():
     image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE})
     template = chat_template("<start_of_image>", "<end_of_turn>\n")
     processor = Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=4)
-    return Gemma3ForConditionalGeneration(config), processor
+    model = Gemma3ForConditionalGeneration(config)
+    # transformers initialises the projection into the language model to zeros: every image would read as the same
+    # zero vector, and which image a prompt gets would not change its scores.
+    torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.5)
+    return model, processor
 
 
 def llava():
@@ -191,13 +195,14 @@ FAMILIES = {
 
 def build_vlm(family: str, seed: int = 0):
     """``(model, processor)`` of ``family``: random weights drawn from ``seed``, float32, the generation config's pad
-    and end-of-sequence tokens the tokenizer's. The LM head is scaled up: at its initial scale the policy is all but
-    uniform (entropy ln V), with it about as peaked as a trained one (entropy about 2 nats where no soft-cap bounds
-    the logits)."""
+    and end-of-sequence tokens the tokenizer's. Without a soft-cap, the LM head is scaled up: at its initial scale the
+    policy is all but uniform (entropy ln V), with it about as peaked as a trained one (entropy about 2 nats); a
+    soft-capped head (Gemma 3's) is left as it is, since the cap would flatten the scaled logits."""
     torch.manual_seed(seed)
     model, processor = FAMILIES[family]()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(HEAD_SCALE)
+    if getattr(model.config.get_text_config(), "final_logit_softcapping", None) is None:  # a cap would saturate
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(HEAD_SCALE)
     tokenizer = processor.tokenizer
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
