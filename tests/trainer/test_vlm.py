@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 from _support.distributed_run import ControllerRecorder, logged
+from _support.grpo import loss_and_gradients
 from _support.parity import assert_same_step, build_pair
 from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight
 from _support.vlm import (
@@ -56,14 +57,14 @@ def patch_embedding(entries: dict) -> dict:
 
 
 def test_loss_and_gradients_equal_grpo_trainer(vlm, tmp_path):
+    """Control off, beta > 0: one loss step on a micro-batch whose rows hold one, two and no images gives
+    trl.GRPOTrainer's loss and every gradient; the gradient reaches the vision tower's patch embedding."""
     family, path, processor = vlm
     trl_trainer, our_trainer = build_pair(
         path, processor, tmp_path, dataset=image_question_dataset(), reward_funcs=answer_reward, beta=0.04
     )
     inputs = make_vlm_batch(trl_trainer.model, processor, seed=3)
     assert_same_step(trl_trainer, our_trainer, inputs)
-    from _support.grpo import loss_and_gradients
-
     _, gradients = loss_and_gradients(our_trainer, inputs)
     assert patch_embedding(gradients), family
     assert all(grad.abs().max() > 0 for grad in patch_embedding(gradients).values()), family
@@ -167,13 +168,13 @@ def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
 class RatioRecorder(EntropyGRPOTrainer):
     """The base, recording how far each micro-batch's log-probs lie from the rollout log-probs TRL scored."""
 
-    rollout_gaps: list[float]
+    rollout_gaps: tuple[float, ...] = ()
 
     def completion_batch(self, inputs, scored):
         assert inputs.get("old_per_token_logps") is not None, "TRL scored no rollout log-probs: nothing to compare"
         batch = super().completion_batch(inputs, scored)
         gap = ((batch.log_probs - batch.old_log_probs).abs() * batch.mask).max().item()
-        self.rollout_gaps = [*getattr(self, "rollout_gaps", []), gap]
+        self.rollout_gaps = (*self.rollout_gaps, gap)
         return batch
 
 
