@@ -109,8 +109,6 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec]) -> MethodSp
             "__module__": "trl_entropy.methods",
             "__qualname__": f"Trainer[{label}]",
             "config_class": config_class,
-            # Every method's carried tensors (a class attribute, which the first base would otherwise decide alone).
-            "carried_token_keys": tuple(dict.fromkeys(k for base in trainer_bases for k in base.carried_token_keys)),
         },
     )
     signed = [entry for entry in entries if entry.paper is not None]
@@ -168,6 +166,11 @@ def combined_config_class(label: str, names: tuple[str, ...], entries: list[Meth
         if declared in FIELD_RULES:
             FIELD_RULES[default] = FIELD_RULES[declared]
         redeclared.append((key, declared.type, default))
+    # The command line and YAML build this class directly: its own entropy_control is the default.
+    control = EntropyGRPOConfig.__dataclass_fields__["entropy_control"]
+    redeclared.append(
+        ("entropy_control", control.type, field(default_factory=lambda: list(names), metadata=control.metadata))
+    )
     methods = [(name, entry.config_class) for name, entry in zip(names, entries, strict=True)]
 
     def check_method_settings(self) -> None:
