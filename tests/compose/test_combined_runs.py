@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 import torch
-
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
 from _support.resume import CHECKPOINT, assert_resumed_equals_straight, saved_snapshot, train
+
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.methods import METHODS, Neutral, combination
 from trl_entropy.methods.compose import controls_entropy

@@ -188,9 +188,8 @@ def combined_config_class(label: str, names: tuple[str, ...], entries: list[Meth
         "__qualname__": f"Config[{label}]",
         "supported_loss_types": tuple(t for t in LOSS_TYPES if all(t in c.supported_loss_types for _, c in methods)),
         "controls_clip_range": any(config_class.controls_clip_range for _, config_class in methods),
-        "selects_trl_entropy_bonus": any(
-            not controls_entropy(entry) or entry.config_class is EntropyGRPOConfig for entry in entries
-        ),
+        # TRL's entropy bonus, selected by name, is the base's own config with its coefficient set.
+        "selects_trl_entropy_bonus": any(entry.config_class is EntropyGRPOConfig for entry in entries),
         "check_method_settings": check_method_settings,
     }
     return make_dataclass(f"Config[{label}]", redeclared, bases=bases, namespace=namespace)
