@@ -4,7 +4,7 @@ and the two-process run. Tiers (`_support/tiers.py`): training unless named belo
 from _support.tiers import mark_tier
 
 
-FILES = {"test_pairs.py": "loss_step"}
+FILES = {"test_pairs.py": "loss_step", "test_command_line.py": "pure"}
 LAUNCHES = {}
 
 

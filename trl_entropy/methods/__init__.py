@@ -109,8 +109,8 @@ def _config_class_to_build(config_class: type, options: dict) -> type:
         refuse_fields_of_unselected_methods(options, names, METHODS)
     if config_class is not EntropyGRPOConfig and config_class is not combined:
         raise ValueError(
-            f"entropy_control={names!r} does not match {config_class.__name__}, which is one method's config: build "
-            "EntropyGRPOConfig(entropy_control=...) to combine methods."
+            f"entropy_control={names!r} does not match {config_class.__name__}, the config of other methods: build "
+            "EntropyGRPOConfig(entropy_control=...) with the methods you want."
         )
     return combined
 

@@ -174,11 +174,6 @@ def combined_config_class(label: str, names: tuple[str, ...], entries: list[Meth
     methods = [(name, entry.config_class) for name, entry in zip(names, entries, strict=True)]
 
     def check_method_settings(self) -> None:
-        if sorted(self.entropy_control or []) != sorted(names):
-            raise ValueError(
-                f"entropy_control={self.entropy_control!r} does not match this config, made for {list(names)}: build "
-                "a new EntropyGRPOConfig(entropy_control=...) instead."
-            )
         for name, config_class in methods:
             refuse_loss_type(self.loss_type, name, config_class)
 
