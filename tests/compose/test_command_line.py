@@ -103,3 +103,23 @@ def test_a_combined_config_pickles_and_copies_as_itself(tmp_path):
     config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["kl_cov", "qae"])
     assert type(pickle.loads(pickle.dumps(config))) is type(config)  # training_args.bin in every checkpoint
     assert copy.deepcopy(config).to_dict() == config.to_dict()
+
+
+def test_the_demo_runs_every_combination_that_has_a_config_and_refuses_a_bad_one(tmp_path):
+    from pathlib import Path
+
+    from trl_entropy.demo.arguments import DemoArguments, run_settings
+    from trl_entropy.methods import METHODS
+
+    demo = DemoArguments()
+    shipped = sorted(path.stem for path in Path(demo.configs_dir).glob("*+*.yaml"))
+    assert {"qae+kl_cov", "qae+clip_cov", "aent+adapo"} <= set(shipped)
+    assert demo.methods == [*METHODS, *shipped]
+    for name in shipped:
+        method, settings = run_settings(name, demo)
+        assert method == combination(method.split("+")).key and settings
+    no_configs = DemoArguments(configs_dir=str(tmp_path))
+    assert no_configs.methods == list(METHODS)
+    assert run_settings("erc+qae", no_configs) == ("erc+qae", {})  # the library defaults
+    with pytest.raises(ValueError, match="both act on the entropy regulariser"):
+        run_settings("aent+entropic", no_configs)
