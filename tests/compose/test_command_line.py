@@ -117,7 +117,7 @@ def test_the_demo_runs_every_combination_that_has_a_config_and_refuses_a_bad_one
     assert demo.methods == [*METHODS, *shipped]
     for name in shipped:
         method, settings = run_settings(name, demo)
-        assert method == combination(method.split("+")).key and settings
+        assert combination(method.split("+")) is combination(name.split("+")) and settings
     no_configs = DemoArguments(configs_dir=str(tmp_path))
     assert no_configs.methods == list(METHODS)
     assert run_settings("erc+qae", no_configs) == ("erc+qae", {})  # the library defaults
