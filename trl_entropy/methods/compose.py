@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from ..core.citation import sign_combined_model_card
 from ..core.config import FIELD_RULES, EntropyGRPOConfig, refuse_loss_type
 from ..core.objectives import LOSS_TYPES
-from .spec import MethodSpec, Place
+from .spec import MethodSpec, Neutral, Place
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,7 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec]) -> MethodSp
         variants={},
         acts_on=tuple(place for entry in entries for place in entry.acts_on),
         metrics=tuple(dict.fromkeys(metric for entry in entries for metric in entry.metrics)),
+        neutral=Neutral(),  # each method's neutral settings are its own entry's
         needs_all_ranks_rewards=any(entry.needs_all_ranks_rewards for entry in entries),
         moves_per_micro_batch=any(entry.moves_per_micro_batch for entry in entries),
         needs_ppo_clip=any(entry.needs_ppo_clip for entry in entries),
