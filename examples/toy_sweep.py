@@ -8,7 +8,9 @@ next to plain GRPO at the same seed. The pick (stated in docs/demo.md before the
 
     python examples/toy_sweep.py --method clip_cov --output_dir outputs/sweep_clip_cov
 
-writes one YAML per grid point, the demo's outputs, and `sweep.md`, the table with the pick marked.
+writes one YAML per grid point, the demo's outputs, and `sweep.md`, the table with the pick marked. Methods combined
+(`--method NAME+NAME`) sweep the grids of their methods that have one, every other method at its examples/configs
+values.
 """
 
 import argparse
@@ -17,6 +19,8 @@ import json
 import os
 import subprocess
 import sys
+
+import yaml
 
 
 # method -> {config field: values} (every combination) or [{config field: value}, ...] (these points only, for
@@ -52,14 +56,47 @@ FIXED = {
     "entropic": {"entropic_ki": 0.01, "entropic_high_prob": 0.95},
 }
 REWARD_MARGIN = 0.1
-DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entropy_collapse_demo.py")
+EXAMPLES = os.path.dirname(os.path.abspath(__file__))
+DEMO = os.path.join(EXAMPLES, "entropy_collapse_demo.py")
+SEPARATOR = "+"  # joins the methods of a combination, as --method does
+
+
+def grid_settings(method: str) -> list[dict]:
+    """Every point of the method's grid, or of the grids of the methods combined in ``method``."""
+    if method in GRIDS:
+        grid = GRIDS[method]
+        if isinstance(grid, dict):
+            grid = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+        return grid
+    points = [{}]
+    for part in method.split(SEPARATOR):
+        if part in GRIDS:
+            points = [{**point, **settings} for point in points for settings in grid_settings(part)]
+    return points
+
+
+def fixed_settings(method: str) -> dict:
+    """What every point of the sweep shares: FIXED for a swept method, a combined method's own YAML otherwise."""
+    fixed = {}
+    for part in method.split(SEPARATOR):
+        if part in GRIDS:
+            fixed.update(FIXED.get(part, {}))
+        elif SEPARATOR in method:
+            with open(os.path.join(EXAMPLES, "configs", f"{part}.yaml")) as file:
+                fixed.update({k: v for k, v in yaml.safe_load(file).items() if k not in ("method", "num_iterations")})
+    return fixed
+
+
+def sweepable(method: str) -> str:
+    """``--method``'s check: a method with a grid, or methods combined of which at least one has a grid."""
+    if method in GRIDS or (SEPARATOR in method and any(part in GRIDS for part in method.split(SEPARATOR))):
+        return method
+    raise argparse.ArgumentTypeError(f"no grid for {method!r}: choose among {sorted(GRIDS)}, alone or combined")
 
 
 def grid_points(method: str) -> list[tuple[str, dict]]:
     """(run name, config values) for every point of the method's grid."""
-    grid = GRIDS[method]
-    if isinstance(grid, dict):
-        grid = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    grid = grid_settings(method)
     points = []
     for settings in grid:
         name = method + "_" + "_".join(f"{key.split('_')[-1]}{value:g}" for key, value in settings.items())
@@ -102,7 +139,7 @@ def cells(summary: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", choices=sorted(GRIDS), required=True)
+    parser.add_argument("--method", type=sweepable, required=True, help=f"one of {sorted(GRIDS)}, or NAME+NAME")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_steps", type=int, default=400)
@@ -113,7 +150,7 @@ def main(argv=None) -> int:
     points = grid_points(args.method)
     for name, settings in points:
         with open(os.path.join(configs, f"{name}.yaml"), "w") as file:
-            values = {**FIXED.get(args.method, {}), **settings}
+            values = {**fixed_settings(args.method), **settings}
             file.write(f"method: {args.method}\n" + "".join(f"{key}: {value}\n" for key, value in values.items()))
     command = [
         sys.executable,

@@ -16,9 +16,9 @@ hide_known_upstream_noise()
 # public name -> the module that defines it; each method's own names come from its declaration (methods/spec.py)
 _PUBLIC = {
     "CompletionBatch": ".core.batch",
-    "EntropyGRPOConfig": ".core.config",
+    "EntropyGRPOConfig": ".methods",  # from the registry, which lets them combine methods (entropy_control)
     "Controller": ".core.control",
-    "EntropyGRPOTrainer": ".core.trainer",
+    "EntropyGRPOTrainer": ".methods",
     "EntropyLaw": ".evaluation",
     "EntropyLawCallback": ".evaluation",
     "PassAtKCallback": ".evaluation",

@@ -108,13 +108,14 @@ def ranked_reward(completions: list, answer: list[str], **kwargs) -> list[float]
     return [value + 0.1 * (index % GROUP_SIZE) for index, value in enumerate(correct)]
 
 
-def controller_value(trainer) -> float | None:
-    """The single controller's value (AEnt λ, REPO β, ADAPO ε_high), or None for a method without a controller."""
+def controller_value(trainer) -> float | tuple[float, ...] | None:
+    """The controller's value (AEnt λ, REPO β, ADAPO ε_high), each controller's of methods combined, or None for a
+    method without a controller."""
     controllers = getattr(trainer, "controllers", None)  # trl.GRPOTrainer has none
     if not controllers:
         return None
-    (controller,) = controllers.values()
-    return float(controller.value)
+    values = tuple(float(controller.value) for controller in controllers.values())
+    return values[0] if len(values) == 1 else values
 
 
 class ControllerRecorder(TrainerCallback):
@@ -145,10 +146,15 @@ def trainer_classes(method: str) -> tuple[type, type]:
 
 
 def method_options(method: str) -> dict:
-    """Config options that make the controller move visibly within a few toy steps."""
+    """Config options that make the controller move visibly within a few toy steps (for methods combined, each
+    method's)."""
     if method == TRL_REFERENCE:
         return {}
     from trl_entropy.methods import get_method
+    from trl_entropy.methods.compose import SEPARATOR
+
+    if SEPARATOR in method:
+        return {key: value for part in method.split(SEPARATOR) for key, value in method_options(part).items()}
 
     options = dict(get_method(method).defaults)
     if method in ROLLOUT_ENTROPY_METHODS:

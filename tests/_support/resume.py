@@ -68,7 +68,8 @@ def assert_resumed_equals_straight(straight, straight_values, resumed, resumed_v
     # The resumed run records only its own steps; it continues the controller trajectory.
     assert len(straight_values) == STEPS and len(resumed_values) == STEPS - CHECKPOINT
     if straight.controllers:
-        assert resumed_values == pytest.approx(straight_values[CHECKPOINT:], rel=1e-6, abs=1e-12)
+        for resumed_value, straight_value in zip(resumed_values, straight_values[CHECKPOINT:], strict=True):
+            assert resumed_value == pytest.approx(straight_value, rel=1e-6, abs=1e-12)
         for controller in straight.controllers.values():
             for key in controller.metrics():  # the logged values, the measured targets included
                 for step in later:

@@ -7,8 +7,8 @@ statistic reduced across ranks, and the controller update. Two ranks with 4 comp
 with 8: the loss, the controller value after every step, and the full weights after three optimizer steps. Every rank
 must hold the same controller value after every step.
 
-* DDP: each adaptive trainer (AEnt, REPO-R, REPO-D, ADAPO), the methods that gather every rank's rewards, and those
-  that read the rollout policy's entropy.
+* DDP: each adaptive trainer (AEnt, REPO-R, REPO-D, ADAPO), the methods that gather every rank's rewards, those
+  that read the rollout policy's entropy, and two methods combined, each with a controller (``COMBINED``).
 * ZeRO-3 (``tests/_support/zero3_cpu.json``: every parameter partitioned, ``stage3_param_persistence_threshold: 0``)
 and FSDP2
   (``fully_shard`` on each decoder layer, on the LM head as its own unit, on the root; applied by the run script, since
@@ -18,6 +18,7 @@ and FSDP2
   entropy head reads it); the tests check that first.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from _support.distributed_run import (
     save_untied_copy,
 )
 
-from trl_entropy.methods import METHODS
+from trl_entropy.methods import METHODS, combination
 
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
@@ -75,11 +76,31 @@ def launch(launcher_options: list[str], script_options: list[str], folder: Path,
 # The adaptive trainers, the methods whose advantages need every rank's rewards (a group baseline taken over the
 # rewards gathered from all ranks, then each rank keeps its own rows), and those that read the rollout policy's entropy
 # (each rank carries its own rows of it through TRL's shuffle and split; they run with two updates per rollout).
+
+
+def first_combinable_pair(names) -> str:
+    """The first two of ``names`` that combine (different axes), joined as ``--method`` joins them."""
+    for pair in itertools.combinations(names, 2):
+        try:
+            return combination(list(pair)).key
+        except ValueError:
+            continue
+    raise AssertionError(f"no two of {names} combine")
+
+
+# Two adaptive methods combined, each moved by its own controller from the all-reduced entropy.
+COMBINED = first_combinable_pair(ADAPTIVE_METHODS)
 TWO_PROCESS_METHODS = (
     *ADAPTIVE_METHODS,
     *(name for name, spec in METHODS.items() if spec.needs_all_ranks_rewards),
     *ROLLOUT_ENTROPY_METHODS,
+    COMBINED,
 )
+
+
+def controller_steps(record) -> list[tuple[float, ...]]:
+    """The controller values after each step, as tuples (one value per controller of the run)."""
+    return [tuple(value) if isinstance(value, list) else (value,) for value in record["controller"]]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +123,7 @@ def runs(warm_toy_policy_path, tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("method", ADAPTIVE_METHODS)
+@pytest.mark.parametrize("method", [*ADAPTIVE_METHODS, COMBINED])
 def test_every_rank_holds_the_same_controller_value(runs, method):
     _, ranks = runs[method]
     (rank0, weights0), (rank1, weights1) = ranks
@@ -110,7 +131,8 @@ def test_every_rank_holds_the_same_controller_value(runs, method):
     assert rank0["sharding"]["distributed_type"] == "MULTI_CPU" and rank0["sharding"]["sharded_parameters"] == []
     assert len(rank0["controller"]) == STEPS
     assert rank0["controller"] == rank1["controller"]  # bit for bit: both update from the same all-reduced statistic
-    assert len(set(rank0["controller"])) > 1, f"{method}'s controller never moved: the check would be vacuous"
+    for moved in zip(*controller_steps(rank0), strict=True):  # each controller
+        assert len(set(moved)) > 1, f"a controller of {method} never moved: the check would be vacuous"
     assert rank0["loss"] == rank1["loss"] and rank0["entropy"] == rank1["entropy"]
     assert max_weight_difference(weights0, weights1) == 0  # DDP keeps the replicas identical
 
@@ -120,8 +142,9 @@ def test_two_processes_reproduce_one_process(runs, method):
     (one, one_weights), ((rank0, weights0), _) = runs[method]
     assert one["num_processes"] == 1
     assert rank0["reward"] == one["reward"]  # the same completions and rewards
-    if method in ADAPTIVE_METHODS:
-        assert rank0["controller"] == pytest.approx(one["controller"], rel=1e-6, abs=1e-9)
+    if method in (*ADAPTIVE_METHODS, COMBINED):
+        for two_processes, one_process in zip(controller_steps(rank0), controller_steps(one), strict=True):
+            assert two_processes == pytest.approx(one_process, rel=1e-6, abs=1e-9)
     assert rank0["entropy"] == pytest.approx(one["entropy"], rel=1e-5)
     assert rank0["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
     assert max_weight_difference(weights0, one_weights) < WEIGHTS_ATOL

@@ -221,10 +221,14 @@ METHOD_NAMES = ", ".join(METHODS)
 # (command line, what stderr says). `{tmp}` is a fresh folder holding `list.yaml` (a YAML list), `ppo.yaml`
 # (`method: ppo`) and `aent.yaml` (an AEnt setting); `{model}` is a saved toy model.
 CLI_ERRORS = {
-    "unknown method": (["--method", "ppo"], f"argument --method: unknown method 'ppo'; choose one of {METHOD_NAMES}"),
+    "unknown method": (
+        ["--method", "ppo"],
+        f"argument --method: unknown method 'ppo'; choose one of {METHOD_NAMES}, or several joined by '+'",
+    ),
     "unknown method in the YAML": (
         ["--config", "{tmp}/ppo.yaml"],
-        f"argument --method: unknown method 'ppo' (in {{tmp}}/ppo.yaml); choose one of {METHOD_NAMES}",
+        f"argument --method: unknown method 'ppo' (in {{tmp}}/ppo.yaml); choose one of {METHOD_NAMES}, or several "
+        "joined by '+'",
     ),
     "missing config file": (["--config", "{tmp}/nope.yaml"], "argument --config: no config file at {tmp}/nope.yaml"),
     "config not a mapping": (

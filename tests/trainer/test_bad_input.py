@@ -51,6 +51,7 @@ INVALID = {
         "entropy_kernel_chunk_size": [0, -3, 2.5, True],
         "entropy_kernel_backend": ["cuda", None],
         "entropy_control_fresh_start": ["yes", None],
+        "entropy_control": [3, []],  # not a list of method names; no method
         # TRL's fields whose bad values TRL lets through (or reports with another number).
         "num_iterations": [0, -1, 1.5, True],
         "epsilon": [-0.1, nan, inf],

@@ -348,7 +348,9 @@ def method_page(trainer: type) -> str:
 def test_train_py_offers_every_registered_method():
     train = load_train_module()
     (method,) = [field for field in dataclasses.fields(train.TrainScriptArguments) if field.name == "method"]
-    assert method.metadata["choices"] == list(METHODS)
+    described = [f"{name} = {entry.description}" for name, entry in METHODS.items()]
+    positions = [method.metadata["help"].find(text) for text in described]
+    assert -1 not in positions and positions == sorted(positions), "each method, described, in the registry's order"
 
 
 # Each list of `--method` names, as the words it lists, in the order it lists them.

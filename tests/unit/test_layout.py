@@ -24,8 +24,11 @@ PACKAGE = ROOT / "trl_entropy"
 PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
 TRL_BRIDGE = PACKAGE / "core" / "trl_bridge.py"
 METHODS_DIR = ROOT / "trl_entropy" / "methods"
-# Every file of the methods package but the registry and the declarations' vocabulary (spec.py).
-METHOD_FILES = sorted(path for path in METHODS_DIR.glob("*.py") if path.name not in {"__init__.py", "spec.py"})
+# Every file of the methods package but the registry, the declarations' vocabulary (spec.py) and the combination of
+# methods (compose.py).
+METHOD_FILES = sorted(
+    path for path in METHODS_DIR.glob("*.py") if path.name not in {"__init__.py", "spec.py", "compose.py"}
+)
 # The registered methods' own modules (cov_selection.py is machinery Clip-Cov and KL-Cov share, not a method).
 METHOD_MODULES = sorted({m.trainer_class.__module__ for m in METHODS.values()} - {EntropyGRPOTrainer.__module__})
 

@@ -5,7 +5,9 @@ A method's home is
 * its tests: ``tests/methods/test_<module>.py``, and for a method built on a shared module of ``methods/`` (Clip-Cov
 and
   KL-Cov on ``cov_selection.py``) that shared module's tests (``SHARED_TESTS``);
-* its YAML: every file of ``examples/configs/`` whose ``method:`` is one of its names;
+* its YAML: every file of ``examples/configs/`` whose ``method:`` is one of its names, alone or combined (``+``);
+* the tests of methods combined, ``tests/compose/`` and their float64 reference (``COMBINATION_TESTS``), which name
+  every method;
 * the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
 
 A code file is any tracked file but the docs (``*.md``) and binaries. The names are the method's registry names
@@ -34,6 +36,7 @@ SHARED_TESTS = {
         "tests/_support/cov_scope_run.py",
     )
 }
+COMBINATION_TESTS = ("tests/compose/", "tests/_reference/combined_reference.py")
 BINARY = {".png", ".pt", ".whl", ".safetensors", ".bin"}
 NOT_YET_HOME: dict[str, list[str]] = {
     "benchmarks/step_bench.py": ["aent"],
@@ -146,7 +149,7 @@ def home(spec) -> set[str]:
             own |= set(tests)
     for path in (ROOT / "examples" / "configs").glob("*.yaml"):
         options = yaml.safe_load(path.read_text()) or {}
-        if isinstance(options, dict) and options.get("method") in spec.entries():
+        if isinstance(options, dict) and set(str(options.get("method")).split("+")) & set(spec.entries()):
             own.add(str(path.relative_to(ROOT)))
     return own
 
@@ -170,7 +173,7 @@ def outside_home() -> dict[str, list[str]]:
             continue
         allowed = home(spec)
         for file, text in texts.items():
-            if file in allowed:
+            if file in allowed or file.startswith(COMBINATION_TESTS):
                 continue
             if file == "trl_entropy/methods/__init__.py":
                 text = registry_text(spec)

@@ -51,3 +51,40 @@ def test_a_grid_of_paired_points_runs_those_points_only():
         points = toy_sweep.grid_points(method)
         assert [settings for _, settings in points] == toy_sweep.GRIDS[method]
         assert len({name for name, _ in points}) == len(points)
+
+
+def test_methods_combined_sweep_their_grids_with_the_others_at_their_configs():
+    """A combination of a swept method and one without a grid: the swept method's points, each with the other's
+    examples/configs values; the YAML of every point names the combination."""
+    import yaml
+
+    from trl_entropy.methods import METHODS, combination
+
+    swept = next(iter(toy_sweep.GRIDS))
+    other = next(
+        name
+        for name in METHODS
+        if name not in toy_sweep.GRIDS
+        and (ROOT / "examples" / "configs" / f"{name}.yaml").exists()
+        and combines(swept, name)
+    )
+    method = combination([swept, other]).key
+    expected = yaml.safe_load((ROOT / "examples" / "configs" / f"{other}.yaml").read_text())
+    assert [settings for _, settings in toy_sweep.grid_points(method)] == toy_sweep.grid_settings(swept)
+    fixed = toy_sweep.fixed_settings(method)
+    assert {key: fixed[key] for key in expected if key not in ("method", "num_iterations")} == {
+        key: value for key, value in expected.items() if key not in ("method", "num_iterations")
+    }
+    assert toy_sweep.sweepable(method) == method
+    with pytest.raises(Exception, match="no grid"):
+        toy_sweep.sweepable(other)
+
+
+def combines(first, second) -> bool:
+    from trl_entropy.methods import combination
+
+    try:
+        combination([first, second])
+    except ValueError:
+        return False
+    return True

@@ -2,6 +2,7 @@
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import ClassVar
 
@@ -126,8 +127,11 @@ def validate_fields(config) -> None:
 def reject_trl_entropy_bonus(config, method: str) -> None:
     """Refuse TRL's own entropy bonus next to a method that controls entropy itself.
 
-    Two entropy controls at once are almost certainly a mistake.
+    Two entropy controls at once are almost certainly a mistake, unless the bonus is selected as a method of its own
+    next to this one (``entropy_control``), on its axis of the loss step.
     """
+    if config.selects_trl_entropy_bonus:
+        return
     if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
         raise ValueError(
             f"{method} controls entropy itself; TRL's entropy bonus on top of it would be a second entropy bonus: got "
@@ -165,6 +169,17 @@ def validate_eval_batch(config) -> None:
         )
 
 
+def refuse_loss_type(loss_type: str, method: str, config_class: type) -> None:
+    """Refuse ``loss_type`` where ``config_class`` (``method``'s config) does not support it, quoting its reason."""
+    if loss_type not in config_class.supported_loss_types:
+        reason = config_class.unsupported_loss_type_reasons.get(loss_type)
+        reason = f": {reason}" if reason else ""
+        raise ValueError(
+            f"{method} does not support loss_type={loss_type!r}{reason}; "
+            f"choose one of {list(config_class.supported_loss_types)}."
+        )
+
+
 # The entropy target of a controller (REPO's, ADAPO's): a positive number of nats, or measured.
 ENTROPY_TARGET = dict(valid=Range(0, ends="(]"), none_means="to measure it on the first generation cycle")
 # A fraction of the valid tokens (a covariance selection's size).
@@ -187,6 +202,9 @@ class EntropyGRPOConfig(GRPOConfig):
             `"auto"` (Triton on CUDA, PyTorch elsewhere), `"torch"` or `"triton"`.
         entropy_control_fresh_start (`bool`, *optional*, defaults to `False`):
             Resume from another method's checkpoint with this method's controllers started fresh (refused otherwise).
+        entropy_control (`list[str]` or `None`, *optional*, defaults to `None`):
+            Methods to combine, by the names `--method` lists: the config built is then theirs together, taking every
+            selected method's fields (docs/composing.md). `None`: no entropy control.
     """
 
     # Every loss type of trl.GRPOTrainer (docs/loss_types.md); a method that supports fewer says why in
@@ -195,6 +213,12 @@ class EntropyGRPOConfig(GRPOConfig):
     unsupported_loss_type_reasons: ClassVar[dict[str, str]] = {}
     # True where the method moves the clip range itself (and warns about on-policy training in its own words).
     controls_clip_range: ClassVar[bool] = False
+    # True where `entropy_control` selects TRL's entropy bonus next to other methods.
+    selects_trl_entropy_bonus: ClassVar[bool] = False
+    # Set by `trl_entropy.methods` (core imports no method): `(config class, options) -> the class to build`, the
+    # combination `entropy_control` names where there is one, and `config -> its trainer class` (None: the base's).
+    combined_config_class: ClassVar[Callable[[type, dict], type] | None] = None
+    combined_trainer_class: ClassVar[Callable[["EntropyGRPOConfig"], type | None] | None] = None
 
     entropy_kernel_chunk_size: int | None = config_field(
         None,
@@ -215,20 +239,29 @@ class EntropyGRPOConfig(GRPOConfig):
         "optimizer and progress, and start this method's controllers and a new generation cycle fresh. Off by "
         "default: such a resume is refused. See docs/distributed.md (Resuming).",
     )
+    entropy_control: list[str] | None = config_field(
+        None,
+        "Methods to combine, by the names --method lists (YAML: `entropy_control: [NAME, NAME]`; command line: "
+        "`--method NAME+NAME`). Each acts on its own axis of the loss step, and the config takes every selected "
+        "method's fields. None: no entropy control. See docs/composing.md.",
+    )
+
+    def __new__(cls, *positional, **options):
+        if EntropyGRPOConfig.combined_config_class is not None:
+            cls = EntropyGRPOConfig.combined_config_class(cls, options)
+        elif options.get("entropy_control") is not None:
+            raise ValueError(
+                "entropy_control needs the methods' registry, which is not loaded: import EntropyGRPOConfig from "
+                "trl_entropy (or import trl_entropy.methods first)."
+            )
+        return super().__new__(cls)
 
     def __post_init__(self):
         # Checked before TRL's own checks, so that the error names the field and the value given.
         validate_fields(self)
         validate_eval_batch(self)
         super().__post_init__()
-        if self.loss_type not in self.supported_loss_types:
-            method = type(self).__name__.removesuffix("Config")
-            reason = self.unsupported_loss_type_reasons.get(self.loss_type)
-            reason = f": {reason}" if reason else ""
-            raise ValueError(
-                f"{method} does not support loss_type={self.loss_type!r}{reason}; "
-                f"choose one of {list(self.supported_loss_types)}."
-            )
+        self.check_method_settings()
         epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high  # None means epsilon
         if (self.epsilon, epsilon_high) != (0.2, 0.2) and not self.controls_clip_range:
             # The clip-low recipe (Park et al., arXiv:2509.26114) acts through the clip, which on-policy never binds.
@@ -239,6 +272,10 @@ class EntropyGRPOConfig(GRPOConfig):
                 "it to act",
                 stacklevel=3,
             )
+
+    def check_method_settings(self) -> None:
+        """Refuse settings the method cannot train with: a ``loss_type`` it does not support, quoting its reason."""
+        refuse_loss_type(self.loss_type, type(self).__name__.removesuffix("Config"), type(self))
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig):
@@ -258,6 +295,12 @@ class EntropyGRPOConfig(GRPOConfig):
             and getattr(grpo_config, f.name) != getattr(reference, f.name)
         }
         return cls(**kept, **changed)
+
+    def trainer_class(self) -> type | None:
+        """The trainer of the methods ``entropy_control`` names; None without ``entropy_control``."""
+        if self.entropy_control is None or EntropyGRPOConfig.combined_trainer_class is None:
+            return None
+        return EntropyGRPOConfig.combined_trainer_class(self)
 
     @classmethod
     def coerce(cls, args, trainer_name: str, model=None):

@@ -50,8 +50,21 @@ class EntropyGRPOTrainer(TRLBridge):
     # Per-token (B, T) tensors that on_generation_batch adds to the generation batch and the loss step reads back.
     carried_token_keys: ClassVar[tuple[str, ...]] = ()
 
+    def __new__(cls, model=None, reward_funcs=None, args=None, *positional, **keyword):
+        # `EntropyGRPOTrainer(args=EntropyGRPOConfig(entropy_control=[...]))` builds the trainer of those methods.
+        combined = args.trainer_class() if isinstance(args, EntropyGRPOConfig) else None
+        if cls is EntropyGRPOTrainer and combined is not None:
+            cls = combined
+        return super().__new__(cls)
+
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         args = self.config_class.coerce(args, type(self).__name__, model)
+        combined = args.trainer_class()
+        if combined is not None and not isinstance(self, combined):
+            raise TypeError(
+                f"{type(self).__name__} cannot train entropy_control={args.entropy_control!r}: its trainer is "
+                f"{combined.__name__}. Pass the config to EntropyGRPOTrainer, which builds that trainer."
+            )
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
         if isinstance(model, str):  # model_init_kwargs' trust_remote_code wins over the config's, as in TRL
             trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", args.trust_remote_code)
@@ -83,7 +96,8 @@ class EntropyGRPOTrainer(TRLBridge):
     # ------------------------------------------------------------------------------------------------------------
 
     def build_controllers(self) -> list[Controller]:
-        """The controllers this method moves once per generation cycle (none in plain GRPO)."""
+        """The controllers of the trainer's methods (none in plain GRPO). A method returns ``super()``'s followed by
+        its own, so that combined methods each keep theirs."""
         return []
 
     def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor | None:

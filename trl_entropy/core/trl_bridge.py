@@ -299,12 +299,13 @@ def discard_reward_logs(trainer: GRPOTrainer) -> None:
     trainer._pending_metrics.clear()
 
 
-def set_model_card(trainer_class: type, name: str, paper: dict[str, str], tag: str) -> None:
+def set_model_card(trainer_class: type, name: str, paper: dict[str, str], tags: str | list[str]) -> None:
     """Make the model card of ``trainer_class`` say "trained with ``name``", cite ``paper`` (``title``, ``id`` and
-    ``citation``, as TRL reads them) and tag the model with ``tag`` after the base's tags."""
+    ``citation``, as TRL reads them; the title and id may be left out) and tag the model with ``tags`` after the base's
+    tags."""
     trainer_class._name = name
     trainer_class._paper = paper
-    trainer_class._tag_names = [*TRLBridge._tag_names, tag]
+    trainer_class._tag_names = [*TRLBridge._tag_names, *([tags] if isinstance(tags, str) else tags)]
 
 
 def grpo_citation() -> str:

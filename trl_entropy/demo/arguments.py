@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from trl_entropy.methods import METHODS, get_method
+from trl_entropy.methods.compose import SEPARATOR
 from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
 
 
@@ -33,8 +34,9 @@ class DemoArguments:
     methods: list[str] = field(
         default_factory=lambda: list(METHODS),
         metadata={
-            "help": f"Runs, in order: registered methods {list(METHODS)} or the name of any YAML config in "
-            "--configs_dir (e.g. clip_low)."
+            "help": f"Runs, in order: registered methods {list(METHODS)}, methods combined (NAME{SEPARATOR}NAME), "
+            "or the name of any YAML config in --configs_dir (e.g. clip_low). Default: every registered method, then "
+            "every combination with a YAML config in --configs_dir."
         },
     )
     max_steps: int = field(
@@ -101,6 +103,8 @@ class DemoArguments:
             self.phase2_steps = self.max_steps
         if self.configs_dir is None and CLONE_CONFIGS_DIR.is_dir():
             self.configs_dir = str(CLONE_CONFIGS_DIR)
+        if self.methods == list(METHODS) and self.configs_dir is not None:
+            self.methods += sorted(path.stem for path in Path(self.configs_dir).glob(f"*{SEPARATOR}*.yaml"))
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {self.max_steps}")
         if self.phase2_steps < 0:
@@ -120,14 +124,12 @@ class DemoArguments:
 def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
     """The method and the method-specific config values of the run ``name``: its YAML config's, or none with
     ``paper_defaults`` (the method's registry defaults always apply)."""
-    if demo.configs_dir is None:
-        if name not in METHODS:
-            raise ValueError(f"unknown run {name!r}: not a method ({sorted(METHODS)}) and there is no --configs_dir")
-        return name, {}
-    path = os.path.join(demo.configs_dir, f"{name}.yaml")
-    if not os.path.exists(path):
-        if name not in METHODS:
-            raise ValueError(f"unknown run {name!r}: not a method ({sorted(METHODS)}) and there is no {path} config")
+    path = None if demo.configs_dir is None else os.path.join(demo.configs_dir, f"{name}.yaml")
+    if path is None or not os.path.exists(path):
+        if name not in METHODS and SEPARATOR not in name:
+            where = "there is no --configs_dir" if path is None else f"there is no {path} config"
+            raise ValueError(f"unknown run {name!r}: not a method ({sorted(METHODS)}) and {where}")
+        get_method(name)  # methods combined: refused here, before any training, where they cannot be
         return name, {}
     with open(path) as file:
         settings = yaml.safe_load(file) or {}

@@ -13,6 +13,7 @@ from .adapo import SPEC as _adapo
 from .aent import SPEC as _aent
 from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
+from .compose import AXES, SEPARATOR, combine, in_axis_order, refuse_fields_of_unselected_methods
 from .ent_adv import SPEC as _ent_adv
 from .entropic import SPEC as _entropic
 from .erc import SPEC as _erc
@@ -43,7 +44,19 @@ GRPO = MethodSpec(
 )
 
 
-__all__ = ["GRPO", "METHODS", "SPECS", "MethodSpec", "Metric", "Neutral", "Place", "Variant", "get_method"]
+__all__ = [
+    "AXES",
+    "GRPO",
+    "METHODS",
+    "SPECS",
+    "MethodSpec",
+    "Metric",
+    "Neutral",
+    "Place",
+    "Variant",
+    "combination",
+    "get_method",
+]
 
 # Every declaration, in the order --method, the report and the docs list them.
 SPECS: tuple[MethodSpec, ...] = (
@@ -68,7 +81,50 @@ for _spec in SPECS:
 
 
 def get_method(name: str) -> MethodSpec:
-    """The registered method called ``name``; a ValueError lists the valid names otherwise."""
+    """The registered method called ``name``, or the combination ``name`` joins with ``+`` (``"NAME+NAME"``); a
+    ValueError lists the valid names otherwise."""
+    if SEPARATOR in name:
+        return combination(name.split(SEPARATOR))
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
     return METHODS[name]
+
+
+_COMBINATIONS: dict[tuple[str, ...], MethodSpec] = {}
+
+
+def combination(names) -> MethodSpec:
+    """The methods ``names`` acting together (in any order; the same object for the same set): a ValueError says
+    what to change where they cannot."""
+    ordered = in_axis_order(names, METHODS)
+    if ordered not in _COMBINATIONS:
+        _COMBINATIONS[ordered] = combine(ordered, METHODS)
+    return _COMBINATIONS[ordered]
+
+
+def _config_class_to_build(config_class: type, options: dict) -> type:
+    names = options.get("entropy_control")
+    combined = config_class if names is None else combination(names).config_class
+    if config_class is EntropyGRPOConfig:
+        refuse_fields_of_unselected_methods(options, names, METHODS)
+    if config_class is not EntropyGRPOConfig and config_class is not combined:
+        raise ValueError(
+            f"entropy_control={names!r} does not match {config_class.__name__}, the config of other methods: build "
+            "EntropyGRPOConfig(entropy_control=...) with the methods you want."
+        )
+    return combined
+
+
+EntropyGRPOConfig.combined_config_class = staticmethod(_config_class_to_build)
+EntropyGRPOConfig.combined_trainer_class = staticmethod(
+    lambda config: combination(config.entropy_control).trainer_class
+)
+
+
+def __getattr__(name: str):
+    """A combination's classes by their names (``Config[NAME+NAME]``, ``Trainer[NAME+NAME]``), as pickle finds them."""
+    kind, _, rest = name.partition("[")
+    if kind in ("Config", "Trainer") and rest.endswith("]"):
+        entry = combination(rest[:-1].split(SEPARATOR))
+        return entry.config_class if kind == "Config" else entry.trainer_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

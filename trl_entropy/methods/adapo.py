@@ -158,13 +158,14 @@ class ADAPOTrainer(EntropyGRPOTrainer):
     def build_controllers(self) -> list[Controller]:
         args = self.args
         return [
+            *super().build_controllers(),
             ADAPOController(
                 args.epsilon_high,
                 args.adapo_epsilon_high_step,
                 args.adapo_epsilon_high_min,
                 args.adapo_epsilon_high_max,
                 args.adapo_entropy_target,
-            )
+            ),
         ]
 
     def clip_range(self) -> tuple[float, float]:
@@ -177,6 +178,7 @@ SPEC = MethodSpec(
     trainer_class=ADAPOTrainer,
     description="ADAPO: DAPO with an adaptive epsilon_high",
     acts_on=(Place.CLIP_RANGE,),
+    needs_ppo_clip=True,
     metrics=(
         Metric("adapo/epsilon_high", "ADAPO: upper clip ε_high (adapo/epsilon_high)", "ε_high"),
         Metric("adapo/entropy_target", target_label="ADAPO target"),

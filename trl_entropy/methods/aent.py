@@ -208,7 +208,7 @@ class AEntTrainer(EntropyGRPOTrainer):
         return self.controllers[AEntController.name].value
 
     def build_controllers(self) -> list[Controller]:
-        return [AEntController.from_config(self.args)]
+        return [*super().build_controllers(), AEntController.from_config(self.args)]
 
     def clamp_fraction(self) -> float:
         return self.args.aent_clamp_fraction

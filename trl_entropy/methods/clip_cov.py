@@ -170,11 +170,13 @@ class ClipCovTrainer(CovSelectionTrainer):
 
     def rank_checkpoint_state(self) -> dict[str, object]:
         # The generation-batch draws need no state: they are seeded by the step.
-        if self.args.cov_selection_scope != "micro_batch":
-            return {}
-        return {CLIP_COV_GENERATOR_FILE: self._clip_cov_generators["train"].get_state()}
+        state = super().rank_checkpoint_state()
+        if self.args.cov_selection_scope == "micro_batch":
+            state[CLIP_COV_GENERATOR_FILE] = self._clip_cov_generators["train"].get_state()
+        return state
 
     def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
+        super().restore_rank_checkpoint_state(checkpoint)
         if self.args.cov_selection_scope != "micro_batch":
             return
         state = load_rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, self.accelerator.process_index)
@@ -195,6 +197,7 @@ SPEC = MethodSpec(
     trainer_class=ClipCovTrainer,
     description="Clip-Cov: detach high-covariance tokens",
     acts_on=(Place.GATES,),
+    needs_ppo_clip=True,  # it draws among the tokens whose clip does not bind
     metrics=(
         Metric(
             "clip_cov/detached_fraction",

@@ -100,6 +100,7 @@ class CovSelectionTrainer(EntropyGRPOTrainer):
         raise NotImplementedError
 
     def on_generation_batch(self, batch: dict) -> None:
+        super().on_generation_batch(batch)
         if self.args.cov_selection_scope == "generation_batch":
             batch[COV_SELECTION_KEY] = self.select_over_generation_batch(batch)
 

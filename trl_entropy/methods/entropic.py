@@ -154,7 +154,8 @@ class EntroPICTrainer(EntropyGRPOTrainer):
     def build_controllers(self) -> list[Controller]:
         args = self.args
         weight = 1.0 / (args.steps_per_generation * self.num_iterations)  # each micro-batch's share of a cycle
-        return [EntroPICController(args.entropic_target, args.entropic_kp, args.entropic_ki, weight)]
+        controller = EntroPICController(args.entropic_target, args.entropic_kp, args.entropic_ki, weight)
+        return [*super().build_controllers(), controller]
 
     def regulariser(self, batch: CompletionBatch) -> torch.Tensor:
         """``α`` times the term, ``α`` moved first on this micro-batch in training; evaluation uses the current ``α``

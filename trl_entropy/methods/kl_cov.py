@@ -127,6 +127,7 @@ SPEC = MethodSpec(
     trainer_class=KLCovTrainer,
     description="KL-Cov: KL penalty on high-covariance tokens",
     acts_on=(Place.SURROGATE, Place.KL),
+    replaces_ppo_clip=True,
     metrics=(
         Metric(
             "kl_cov/penalised_fraction",

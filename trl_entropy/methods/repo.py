@@ -209,7 +209,8 @@ class REPOTrainer(EntropyGRPOTrainer):
 
     def build_controllers(self) -> list[Controller]:
         args = self.args
-        return [REPOController(args.repo_beta, args.repo_beta_min, args.repo_beta_max, args.repo_entropy_target)]
+        controller = REPOController(args.repo_beta, args.repo_beta_min, args.repo_beta_max, args.repo_entropy_target)
+        return [*super().build_controllers(), controller]
 
     def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
         args = self.args

@@ -73,7 +73,8 @@ class MethodSpec:
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
     ``moves_per_micro_batch``: its controller moves at every training micro-batch, in the method's own hook (a
     controller with ``statistic=None``), not once per generation cycle, so its trajectory depends on how the cycle is
-    cut into micro-batches.
+    cut into micro-batches. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
+    selects by where it binds); ``replaces_ppo_clip``: its surrogate has no PPO clip. The two never combine.
     """
 
     key: str
@@ -87,6 +88,8 @@ class MethodSpec:
     neutral: Neutral = field(default_factory=Neutral)
     needs_all_ranks_rewards: bool = False
     moves_per_micro_batch: bool = False
+    needs_ppo_clip: bool = False
+    replaces_ppo_clip: bool = False
     name: str | None = None
     paper: Paper | None = None
     tag: str | None = None

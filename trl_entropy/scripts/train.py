@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trl import get_peft_config, get_quantization_config
 
-from trl_entropy.methods import METHODS
+from trl_entropy.methods import get_method
 from trl_entropy.scripts.train_arguments import parse_arguments
 from trl_entropy.toy import toy_training_set
 from trl_entropy.upstream_noise import hide_known_upstream_noise
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     hide_known_upstream_noise()
     argv = sys.argv[1:] if argv is None else argv
     parser, script_args, training_args, model_args = parse_arguments(argv, prog)
-    method = METHODS[script_args.method]
+    method = get_method(script_args.method)
 
     if model_args.model_name_or_path is None:
         import torch

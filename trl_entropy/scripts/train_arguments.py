@@ -13,7 +13,8 @@ import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.methods import METHODS
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.methods.compose import SEPARATOR, owners_of_fields
 from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
 
 
@@ -40,8 +41,8 @@ class TrainScriptArguments(ScriptArguments):
         metadata={
             "help": "The method to train with: "
             + "; ".join(f"{name} = {method.description}" for name, method in METHODS.items())
-            + ". `--method NAME --help` lists that method's options.",
-            "choices": list(METHODS),
+            + f". Methods on different axes of the loss step combine with '{SEPARATOR}' (NAME{SEPARATOR}NAME, "
+            "docs/composing.md). `--method NAME --help` lists that method's options.",
         },
     )
     dataset_image_column: str | None = field(
@@ -86,15 +87,16 @@ def bf16_accelerator_available() -> bool:
 def method_option_names(method_name: str) -> list[str]:
     """The options that make the method what it is: its config's fields that the base lacks or sets otherwise, the
     registry's defaults for it, and the TRL fields of a method TRL implements itself."""
-    method = METHODS[method_name]
-    base = {item.name: item for item in fields(EntropyGRPOConfig)}
+    method = get_method(method_name)
+    base = {item.name: item for item in fields(EntropyGRPOConfig) if item.name != "entropy_control"}
     names = [
         item.name
         for item in fields(method.config_class)
         if item.name not in base
         or (item.default, item.default_factory) != (base[item.name].default, base[item.name].default_factory)
     ]
-    for name in [*method.defaults, *TRL_OPTIONS_OF_METHOD.get(method_name, [])]:
+    trl_options = [name for part in method_name.split(SEPARATOR) for name in TRL_OPTIONS_OF_METHOD.get(part, [])]
+    for name in [*method.defaults, *trl_options]:
         if name not in names:
             names.append(name)
     return names
@@ -107,7 +109,7 @@ class TrainParser(TrlParser):
         self.method_name = method_name
         self.config_file = config_file
         self.notices: list[str] = []  # printed once the run is known to start
-        method = METHODS[method_name]
+        method = get_method(method_name)
         super().__init__(
             (TrainScriptArguments, method.config_class, ModelConfig),
             prog=prog,
@@ -140,7 +142,7 @@ class TrainParser(TrlParser):
 
     def help_sections(self) -> list[tuple[str, str | None, list]]:
         """(title, text, actions) in the order --help shows them: the choice of method first, TRL's options last."""
-        method = METHODS[self.method_name]
+        method = get_method(self.method_name)
         own = method_option_names(self.method_name)
         grpo = {item.name for item in fields(GRPOConfig)}
         kernel = [item.name for item in fields(EntropyGRPOConfig) if item.name not in grpo]
@@ -184,6 +186,15 @@ class TrainParser(TrlParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, unknown = super().parse_known_args(args, namespace)
+        owners = owners_of_fields(METHODS)
+        for argument in unknown:
+            option = argument.removeprefix("--").split("=", 1)[0].replace("-", "_")
+            if argument.startswith("--") and option in owners:
+                methods = " or ".join(owners[option])
+                self.error(
+                    f"{argument.split('=', 1)[0]} is an option of {methods}, which --method {self.method_name} does "
+                    f"not select: add the method ({self.method_name}{SEPARATOR}{owners[option][0]}) or leave it out"
+                )
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         self.resolve_precision(namespace)
@@ -246,6 +257,20 @@ def read_config_file(path: str, prog: str | None) -> dict:
     return values or {}
 
 
+def method_of_config_file(from_yaml: dict, config_file: str | None, prog: str | None) -> str:
+    """The method a YAML config names: its ``method:``, or its ``entropy_control:`` list joined by ``+`` (both: they
+    must agree); ``grpo`` when it names none."""
+    method, control = from_yaml.get("method"), from_yaml.get("entropy_control")
+    if control is None:
+        return "grpo" if method is None else method
+    if not isinstance(control, list) or not all(isinstance(name, str) for name in control):
+        usage_error(f"argument --config: entropy_control in {config_file} must be a list of method names", prog)
+    joined = SEPARATOR.join(control)
+    if method is not None and set(str(method).split(SEPARATOR)) != set(control):
+        usage_error(f"argument --config: {config_file} sets method {method!r} and entropy_control {control!r}", prog)
+    return joined
+
+
 def build_parser(argv: list[str], prog: str | None = None) -> TrainParser:
     """A parser for the method named on the command line or in the YAML config, with that method's defaults;
     ``prog`` names the program in its messages (default: the script's file name, as argparse's)."""
@@ -254,17 +279,23 @@ def build_parser(argv: list[str], prog: str | None = None) -> TrainParser:
     method_name = option_value(argv, "method")
     source = "" if method_name is not None else f" (in {config_file})"
     if method_name is None:
-        method_name = from_yaml.get("method", "grpo")
-    if not isinstance(method_name, str) or method_name not in METHODS:
+        method_name = method_of_config_file(from_yaml, config_file, prog)
+    if not isinstance(method_name, str) or (SEPARATOR not in method_name and method_name not in METHODS):
         usage_error(
-            f"argument --method: unknown method {method_name!r}{source}; choose one of {', '.join(METHODS)}", prog
+            f"argument --method: unknown method {method_name!r}{source}; choose one of {', '.join(METHODS)}, or "
+            f"several joined by '{SEPARATOR}'",
+            prog,
         )
+    try:
+        get_method(method_name)
+    except ValueError as error:
+        usage_error(f"argument --method {method_name!r}{source}: {error}", prog)
     parser = TrainParser(method_name, config_file, prog)
     # TRL's own message for this one names a parser argument; say which keys the chosen method lacks instead.
     foreign = sorted(set(from_yaml) - {action.dest for action in parser._actions} - {"env"})
     if foreign:
         parser.error(f"argument --config: {config_file} sets {', '.join(foreign)}, which --method {method_name} lacks")
-    defaults = dict(METHODS[method_name].defaults)
+    defaults = {"method": method_name, **get_method(method_name).defaults}
     if option_value(argv, "model_name_or_path") is None and "model_name_or_path" not in from_yaml:
         defaults.update(TOY_TRAINING_DEFAULTS)
     parser.set_defaults(**defaults)

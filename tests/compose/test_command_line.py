@@ -1,0 +1,125 @@
+"""Methods combined on the command line and in YAML: `--method NAME+NAME` and `entropy_control: [NAME, NAME]` build the
+combination's config with both methods' options (in `--help` too), and every malformed combination is a usage error
+that says what to change. In Python: unknown, empty, repeated and foreign settings are refused by name."""
+
+import pytest
+
+from trl_entropy import EntropyGRPOConfig, QAEConfig
+from trl_entropy.methods import combination
+from trl_entropy.scripts import train_arguments
+
+
+def parse(arguments, tmp_path):
+    return train_arguments.parse_arguments([*arguments, "--output_dir", str(tmp_path), "--use_cpu"])
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--method", "qae+kl_cov"],
+        ["--method", "kl_cov+qae"],  # any order
+        ["--config", "{dir}/combined.yaml"],
+        ["--config", "{dir}/both.yaml"],
+    ],
+)
+def test_a_combination_from_the_command_line_or_yaml(arguments, tmp_path):
+    (tmp_path / "combined.yaml").write_text("entropy_control: [qae, kl_cov]\nqae_quantile_k: 0.3\n")
+    (tmp_path / "both.yaml").write_text("method: qae+kl_cov\nentropy_control: [kl_cov, qae]\nqae_quantile_k: 0.3\n")
+    arguments = [argument.format(dir=tmp_path) for argument in arguments]
+    _, script_args, training_args, _ = parse([*arguments, "--kl_cov_ratio", "0.01"], tmp_path)
+    assert type(training_args) is combination(["qae", "kl_cov"]).config_class
+    assert script_args.method == "qae+kl_cov" or sorted(script_args.method.split("+")) == ["kl_cov", "qae"]
+    assert sorted(training_args.entropy_control) == ["kl_cov", "qae"]
+    assert training_args.kl_cov_ratio == 0.01
+    assert training_args.qae_quantile_k == (0.3 if "--config" in arguments else 0.4)
+
+
+def test_help_lists_both_methods_options(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--method", "repo_d+clip_cov", "--help"], tmp_path)
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--repo_beta", "--repo_variant", "--clip_cov_ratio", "--cov_selection_scope"):
+        assert option in text
+    assert "repo_d+clip_cov:" in text
+    assert "(default: D)" in text  # the variant's default
+
+
+BAD = [
+    (["--method", "qae+"], "argument --method 'qae+': entropy_control names '', but it is no method"),
+    (["--method", "+qae"], "entropy_control names '', but it is no method"),
+    (["--method", "qae+qae"], "names ['qae'] more than once"),
+    (["--method", "qae+nope"], "entropy_control names 'nope', but it is no method"),
+    (["--method", "grpo+qae"], "entropy_control names 'grpo', but it is no entropy control"),
+    (["--method", "aent+entropic"], "both act on the entropy regulariser"),
+    (["--method", "clip_cov+kl_cov"], "cannot act together"),
+    (["--method", "qae", "--kl_cov_ratio", "0.1"], "--kl_cov_ratio is an option of kl_cov, which --method qae"),
+    (["--method", "qae+kl_cov", "--entropy_control", "qae"], "does not match Config[qae+kl_cov], the config of other"),
+    (["--config", "{dir}/mismatch.yaml"], "sets method 'qae+kl_cov' and entropy_control ['qae']"),
+    (["--config", "{dir}/not_a_list.yaml"], "entropy_control in {dir}/not_a_list.yaml must be a list"),
+    (["--method", "qae+ce_gppo", "--loss_type", "sapo"], "ce_gppo does not support loss_type='sapo'"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "message"), BAD)
+def test_a_malformed_combination_is_a_usage_error_that_says_what_to_change(arguments, message, capsys, tmp_path):
+    (tmp_path / "mismatch.yaml").write_text("method: qae+kl_cov\nentropy_control: [qae]\n")
+    (tmp_path / "not_a_list.yaml").write_text("entropy_control: qae\n")
+    with pytest.raises(SystemExit) as exit_:
+        parse([argument.format(dir=tmp_path) for argument in arguments], tmp_path)
+    assert exit_.value.code == 2
+    assert message.format(dir=tmp_path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (dict(entropy_control=["qae"], kl_cov_ratio=0.1), ValueError, "kl_cov_ratio is an option of 'kl_cov'"),
+        (dict(kl_cov_ratio=0.1), ValueError, "kl_cov_ratio is an option of 'kl_cov', which entropy_control=None"),
+        (dict(cov_selection_scope="micro_batch"), ValueError, "an option of 'clip_cov' or 'kl_cov'"),
+        (dict(entropy_control=["qae", "qae"]), ValueError, "more than once"),
+        (dict(entropy_control="qae"), ValueError, "must be a list of the names --method lists"),
+        (dict(entropy_control=[]), ValueError, "selects no method"),
+        (dict(entropy_control=["kl_cov", "ce_gppo"]), ValueError, "both act on the surrogate"),
+    ],
+)
+def test_bad_python_settings_are_refused_by_name(options, error, message, tmp_path):
+    with pytest.raises(error, match=message):
+        EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **options)
+
+
+def test_one_method_by_name_is_its_own_config_and_a_methods_config_takes_only_itself(tmp_path):
+    config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae"])
+    assert type(config) is QAEConfig
+    assert type(QAEConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae"])) is QAEConfig
+    with pytest.raises(ValueError, match="does not match QAEConfig, the config of other methods"):
+        QAEConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae", "kl_cov"])
+
+
+def test_a_combined_config_pickles_and_copies_as_itself(tmp_path):
+    import copy
+    import pickle
+
+    config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["kl_cov", "qae"])
+    assert type(pickle.loads(pickle.dumps(config))) is type(config)  # training_args.bin in every checkpoint
+    assert copy.deepcopy(config).to_dict() == config.to_dict()
+
+
+def test_the_demo_runs_every_combination_that_has_a_config_and_refuses_a_bad_one(tmp_path):
+    from pathlib import Path
+
+    from trl_entropy.demo.arguments import DemoArguments, run_settings
+    from trl_entropy.methods import METHODS
+
+    demo = DemoArguments()
+    shipped = sorted(path.stem for path in Path(demo.configs_dir).glob("*+*.yaml"))
+    assert {"qae+kl_cov", "qae+clip_cov", "aent+adapo"} <= set(shipped)
+    assert demo.methods == [*METHODS, *shipped]
+    for name in shipped:
+        method, settings = run_settings(name, demo)
+        assert combination(method.split("+")) is combination(name.split("+")) and settings
+    no_configs = DemoArguments(configs_dir=str(tmp_path))
+    assert no_configs.methods == list(METHODS)
+    assert run_settings("erc+qae", no_configs) == ("erc+qae", {})  # the library defaults
+    with pytest.raises(ValueError, match="both act on the entropy regulariser"):
+        run_settings("aent+entropic", no_configs)
