@@ -165,6 +165,17 @@ def test_method_trains_a_vlm_for_two_steps(family, method, tmp_path):
     assert moved - set(vision_gradients(dict.fromkeys(moved))), f"{family}: the language model did not train"
 
 
+@pytest.mark.parametrize("method", covariance_methods())
+def test_a_covariance_selection_over_the_generation_batch_scores_it_with_its_images(method, tmp_path):
+    """On-policy TRL scores no rollout log-probs: the selection over the whole generation batch scores it itself,
+    with the batch's images (without them the prompts' image placeholders are refused)."""
+    model, processor = build_vlm("qwen2_vl")
+    trainer = vlm_trainer(method, model, processor, str(tmp_path), cov_selection_scope="generation_batch")
+    trainer.train()
+    losses = logged(trainer, "loss")
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
 class RatioRecorder(EntropyGRPOTrainer):
     """The base, recording how far each micro-batch's log-probs lie from the rollout log-probs TRL scored."""
 

@@ -125,8 +125,7 @@ def check_image_tokens(model, input_ids, attention_mask, logits_to_keep: int, ha
             f"The prompts of this batch hold {int(placeholders.sum())} image placeholder token(s) of {name} (token "
             f"id {token}) but the batch has no images. Give the dataset an 'image' (or 'images') column with "
             "conversational prompts, and let the processor insert the placeholders; do not write them into the "
-            "prompt text. (Clip-Cov's and KL-Cov's cov_selection_scope='generation_batch' scores the generation "
-            "batch without its images: on a vision-language model, keep the default 'micro_batch'.)"
+            "prompt text."
         )
 
 

@@ -141,7 +141,12 @@ class CovSelectionTrainer(EntropyGRPOTrainer):
             batch_size = self.args.per_device_eval_batch_size
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             log_probs, *_ = self._score(
-                self.model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=batch_size
+                self.model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=batch_size,
+                multimodal=batch,  # a VLM's images, sliced with their rows
             )
         return log_probs
 
