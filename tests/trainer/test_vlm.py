@@ -32,7 +32,7 @@ from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
 from trl_entropy.core.head import EntropyHeadRequest, install_entropy_head, score_completions
 from trl_entropy.core.multimodal import multimodal_inputs
-from trl_entropy.methods import METHODS
+from trl_entropy.methods import METHODS, combination
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -142,10 +142,11 @@ def naive_clamped_entropy(logits: torch.Tensor, clamp_fraction: float) -> torch.
     return -(log_probs.exp() * log_probs).sum(-1)
 
 
-# Every method on Qwen2-VL; on every other family, a controller on the clamped entropy (AEnt) and a covariance method
-# (the second of Clip-Cov and KL-Cov, with two updates per rollout).
+# Every method on Qwen2-VL, and the two below combined; on every other family, a controller on the clamped entropy
+# (AEnt) and a covariance method (the second of Clip-Cov and KL-Cov, with two updates per rollout).
 CONTROLLER, COVARIANCE = clamped_entropy_controllers()[0], covariance_methods()[-1]
-TRAINING_CASES = [("qwen2_vl", method) for method in sorted(METHODS)] + [
+COMBINED = combination([CONTROLLER, COVARIANCE]).key
+TRAINING_CASES = [("qwen2_vl", method) for method in [*sorted(METHODS), COMBINED]] + [
     (family, method) for family in sorted(FAMILIES) if family != "qwen2_vl" for method in (CONTROLLER, COVARIANCE)
 ]
 
