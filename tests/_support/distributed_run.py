@@ -183,17 +183,22 @@ def make_trainer(
     dataset_size=16,
     trainer_kwargs=None,
     reward=None,
+    train_dataset=None,
+    trainer_class=None,
     **overrides,
 ):
     """A trainer of the registered ``method`` (or ``"trl"``: ``trl.GRPOTrainer``) on the toy task (fp32, CPU, no
     reporting).
 
     ``overrides`` are config fields; ``trainer_kwargs`` go to the trainer (``peft_config``, ...). ``rollout=None``
-    samples completions from the policy as usual; ``reward`` replaces ``toy_reward`` (e.g. :func:`ranked_reward`).
+    samples completions from the policy as usual; ``reward`` replaces ``toy_reward`` (e.g. :func:`ranked_reward`),
+    ``train_dataset`` the toy task's ``dataset_size`` problems, ``trainer_class`` the method's (a subclass of it that
+    records something).
     """
     from trl_entropy.toy import build_toy_dataset, toy_reward
 
-    config_class, trainer_class = trainer_classes(method)
+    config_class, method_trainer_class = trainer_classes(method)
+    trainer_class = trainer_class or method_trainer_class
     options = dict(
         output_dir=output_dir,
         per_device_train_batch_size=8,
@@ -215,9 +220,8 @@ def make_trainer(
         model=model,
         reward_funcs=reward or toy_reward,
         args=args,
-        train_dataset=build_toy_dataset(dataset_size, seed=0),
-        rollout_func=rollout,
-        **(trainer_kwargs or {}),
+        train_dataset=build_toy_dataset(dataset_size, seed=0) if train_dataset is None else train_dataset,
+        **{"rollout_func": rollout, **(trainer_kwargs or {})},
     )
 
 

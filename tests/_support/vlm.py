@@ -358,34 +358,23 @@ def vlm_trainer(
     placeholder), ranked rewards, fp32 on the CPU, the method's test options
     (``_support/distributed_run.method_options``), then ``options``; ``trainer_class`` replaces the method's (a
     subclass of it that records something)."""
-    from _support.distributed_run import method_options, trainer_classes
+    from _support.distributed_run import make_trainer
 
-    config_class, method_trainer_class = trainer_classes(method)
-    trainer_class = trainer_class or method_trainer_class
-    settings = dict(
-        output_dir=output_dir,
-        per_device_train_batch_size=8,
-        num_generations=GROUP_SIZE,
-        max_completion_length=6,
-        learning_rate=1e-3,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        generation_kwargs={"suppress_tokens": image_placeholder_ids(processor)},
-    )
-    settings.update(method_options(method))
-    settings.update(options)
-    return trainer_class(
-        model=model,
-        reward_funcs=ranked_answer_reward,
-        args=config_class(**settings),
+    return make_trainer(
+        method,
+        model,
+        output_dir,
+        rollout=None,
+        reward=ranked_answer_reward,
         train_dataset=image_question_dataset() if dataset is None else dataset,
-        processing_class=processor,
-        **(trainer_kwargs or {}),
+        trainer_class=trainer_class,
+        trainer_kwargs={"processing_class": processor, **(trainer_kwargs or {})},
+        **{
+            "max_completion_length": 6,
+            "max_steps": 2,
+            "generation_kwargs": {"suppress_tokens": image_placeholder_ids(processor)},
+            **options,
+        },
     )
 
 

@@ -88,7 +88,7 @@ def method_option_names(method_name: str) -> list[str]:
     """The options that make the method what it is: its config's fields that the base lacks or sets otherwise, the
     registry's defaults for it, and the TRL fields of a method TRL implements itself."""
     method = get_method(method_name)
-    base = {item.name: item for item in fields(EntropyGRPOConfig) if item.name != "entropy_control"}
+    base = {item.name: item for item in fields(EntropyGRPOConfig)}
     names = [
         item.name
         for item in fields(method.config_class)
@@ -145,7 +145,7 @@ class TrainParser(TrlParser):
         method = get_method(self.method_name)
         own = method_option_names(self.method_name)
         grpo = {item.name for item in fields(GRPOConfig)}
-        kernel = [item.name for item in fields(EntropyGRPOConfig) if item.name not in grpo]
+        kernel = [item.name for item in fields(EntropyGRPOConfig) if item.name not in grpo and item.name not in own]
         script = [item.name for item in fields(TrainScriptArguments) if item.name != "method"]
         model = [item.name for item in fields(ModelConfig)]
         groups = {
