@@ -13,7 +13,7 @@ from .adapo import SPEC as _adapo
 from .aent import SPEC as _aent
 from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
-from .compose import AXES, SEPARATOR, combine, in_axis_order, refuse_fields_of_unselected_methods
+from .compose import AXES, SEPARATOR, combine, in_axis_order, owners_of_fields, refuse_fields_of_unselected_methods
 from .ent_adv import SPEC as _ent_adv
 from .entropic import SPEC as _entropic
 from .erc import SPEC as _erc
@@ -46,6 +46,7 @@ GRPO = MethodSpec(
 
 __all__ = [
     "AXES",
+    "FIELD_OWNERS",
     "GRPO",
     "METHODS",
     "SPECS",
@@ -74,6 +75,8 @@ SPECS: tuple[MethodSpec, ...] = (
 )
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
+# Each field a method's config adds to the base's -> the names of the methods whose config has it.
+FIELD_OWNERS: dict[str, list[str]] = owners_of_fields(METHODS)
 
 for _spec in SPECS:
     if _spec.paper is not None:
@@ -106,7 +109,7 @@ def _config_class_to_build(config_class: type, options: dict) -> type:
     names = options.get("entropy_control")
     combined = config_class if names is None else combination(names).config_class
     if config_class is EntropyGRPOConfig:
-        refuse_fields_of_unselected_methods(options, names, METHODS)
+        refuse_fields_of_unselected_methods(options, names, combined, FIELD_OWNERS)
     if config_class is not EntropyGRPOConfig and config_class is not combined:
         raise ValueError(
             f"entropy_control={names!r} does not match {config_class.__name__}, the config of other methods: build "

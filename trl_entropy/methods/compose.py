@@ -202,14 +202,11 @@ def owners_of_fields(registry: dict[str, MethodSpec]) -> dict[str, list[str]]:
     return owners
 
 
-def refuse_fields_of_unselected_methods(options: dict, names, registry: dict[str, MethodSpec]) -> None:
-    """A config option that belongs to a method ``names`` does not select is refused, naming its method."""
-    owners = owners_of_fields(registry)
-    selected = {
-        name for entry in (registry[n] for n in names or ()) for name in entry.config_class.__dataclass_fields__
-    }
+def refuse_fields_of_unselected_methods(options: dict, names, config_class: type, owners: dict[str, list]) -> None:
+    """A config option that belongs to a method ``names`` does not select (a field ``config_class``, their config,
+    lacks) is refused, naming its method; ``owners`` is :func:`owners_of_fields` of the registry."""
     for option in options:
-        if option in owners and option not in selected:
+        if option in owners and option not in config_class.__dataclass_fields__:
             methods = " or ".join(repr(name) for name in owners[option])
             raise ValueError(
                 f"{option} is an option of {methods}, which entropy_control={names!r} does not select: add the method "

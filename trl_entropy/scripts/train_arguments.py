@@ -13,8 +13,8 @@ import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.methods import METHODS, get_method
-from trl_entropy.methods.compose import SEPARATOR, owners_of_fields
+from trl_entropy.methods import FIELD_OWNERS, METHODS, get_method
+from trl_entropy.methods.compose import SEPARATOR
 from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
 
 
@@ -186,14 +186,14 @@ class TrainParser(TrlParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, unknown = super().parse_known_args(args, namespace)
-        owners = owners_of_fields(METHODS)
         for argument in unknown:
             option = argument.removeprefix("--").split("=", 1)[0].replace("-", "_")
-            if argument.startswith("--") and option in owners:
-                methods = " or ".join(owners[option])
+            if argument.startswith("--") and option in FIELD_OWNERS:
+                owners = FIELD_OWNERS[option]
                 self.error(
-                    f"{argument.split('=', 1)[0]} is an option of {methods}, which --method {self.method_name} does "
-                    f"not select: add the method ({self.method_name}{SEPARATOR}{owners[option][0]}) or leave it out"
+                    f"{argument.split('=', 1)[0]} is an option of {' or '.join(owners)}, which --method "
+                    f"{self.method_name} does not select: add the method ({self.method_name}{SEPARATOR}{owners[0]}) "
+                    "or leave it out"
                 )
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
