@@ -121,9 +121,16 @@ def controller_value(trainer) -> float | tuple[float, ...] | None:
 class ControllerRecorder(TrainerCallback):
     """Records, after every optimizer step, the controller value this rank holds."""
 
-    def __init__(self):
-        self.trainer = None
+    def __init__(self, trainer):
+        self.trainer = trainer
         self.values: list[float | None] = []
+
+    @classmethod
+    def attached_to(cls, trainer) -> "ControllerRecorder":
+        """A recorder of ``trainer``'s controller, added to its callbacks."""
+        recorder = cls(trainer)
+        trainer.add_callback(recorder)
+        return recorder
 
     def on_step_end(self, args, state, control, **kwargs):
         self.values.append(controller_value(self.trainer))
@@ -400,9 +407,7 @@ def run(
     if fsdp2:
         model = fully_shard_model(model)
     trainer = make_trainer(method, model, os.path.join(out, method), **overrides)
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     head_weight_reads = record_head_weight_reads(trainer.model)
     trainer.train()
     rank = trainer.accelerator.process_index
@@ -511,6 +516,27 @@ def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> No
             f"tearing down (a crash at process exit, not a wrong result); the log:\n{log[-6000:]}"
         )
     assert launched.returncode == 0, log[-6000:]
+
+
+def read_record(folder, method: str, rank: int = 0) -> tuple[dict, dict]:
+    """``(record, full_weights)`` that ``rank`` wrote for ``method`` (:func:`run`)."""
+    with open(os.path.join(folder, f"{method}_rank{rank}.json")) as file:
+        record = json.load(file)
+    return record, torch.load(os.path.join(folder, f"{method}_rank{rank}.pt"))
+
+
+def beside_two_processes(launched: subprocess.Popen, two, one, methods, run_one_process) -> dict:
+    """Run each of ``methods`` on one process into ``one`` (``run_one_process(method)``) while the ``launched`` ranks
+    write into ``two``, wait for them, and read both: ``{method: (one_process_record, [rank0_record, rank1_record])}``,
+    each ``(record, full_weights)``."""
+    try:
+        for method in methods:
+            run_one_process(method)
+    finally:
+        finish(launched, two)
+    return {
+        method: (read_record(one, method), [read_record(two, method, rank) for rank in (0, 1)]) for method in methods
+    }
 
 
 def main(argv=None) -> None:

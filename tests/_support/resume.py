@@ -30,9 +30,7 @@ def train(method, path, output_dir, resume_from=None, max_steps=STEPS, per_devic
         save_steps=1,
         **options,
     )
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer, recorder.values
 

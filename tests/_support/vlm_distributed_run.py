@@ -37,9 +37,7 @@ def run(family: str, method: str, out: str, per_device_batch_size: int, steps: i
         max_steps=steps,
         trainer_kwargs={"rollout_func": vlm_rollout},
     )
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     trainer.train()
     rank = trainer.accelerator.process_index
     record = {

@@ -19,19 +19,19 @@ and FSDP2
 """
 
 import itertools
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 from _support.distributed_run import (
     ADAPTIVE_METHODS,
     ROLLOUT_ENTROPY_METHODS,
     TRL_REFERENCE,
+    beside_two_processes,
     finish,
     launch_two_processes,
+    read_record,
     run,
     save_untied_copy,
 )
@@ -48,13 +48,6 @@ HEADS = ("tied", "untied")
 # difference of any comparison here is 7.2e-6 with ATEN_CPU_CAPABILITY=avx512, 3.1e-5 with avx2 and 2.6e-5 with
 # default (one AMD EPYC); an unreduced LM-head gradient (each rank keeping its own half's) moves them by 4e-3.
 WEIGHTS_ATOL = 1e-4
-
-
-def read(folder, method, rank=0):
-    """``(record, full_weights)`` that ``rank`` wrote for ``method``."""
-    with open(os.path.join(folder, f"{method}_rank{rank}.json")) as file:
-        record = json.load(file)
-    return record, torch.load(os.path.join(folder, f"{method}_rank{rank}.pt"))
 
 
 def max_weight_difference(first: dict, second: dict) -> float:
@@ -112,15 +105,14 @@ def runs(warm_toy_policy_path, tmp_path_factory):
         ["--model", warm_toy_policy_path, "--methods", ",".join(TWO_PROCESS_METHODS)],
         two,
     )
-    try:  # the one-process run goes on here while the two ranks run
-        one = tmp_path_factory.mktemp("one_process")
-        for method in TWO_PROCESS_METHODS:
-            run(method, warm_toy_policy_path, str(one), per_device_batch_size=8, steps=STEPS)
-    finally:
-        finish(launched, two)
-    return {
-        method: (read(one, method), [read(two, method, rank) for rank in (0, 1)]) for method in TWO_PROCESS_METHODS
-    }
+    one = tmp_path_factory.mktemp("one_process")
+    return beside_two_processes(
+        launched,
+        two,
+        one,
+        TWO_PROCESS_METHODS,
+        lambda method: run(method, warm_toy_policy_path, str(one), per_device_batch_size=8, steps=STEPS),
+    )
 
 
 @pytest.mark.parametrize("method", [*ADAPTIVE_METHODS, COMBINED])
@@ -193,7 +185,7 @@ def sharded_runs(policies, tmp_path_factory):
         for head in HEADS:
             for method in (*SHARDED_METHODS, TRL_REFERENCE):
                 run(method, policies[head], str(one / head), per_device_batch_size=8, steps=STEPS)
-                results[None, head, method] = read(one / head, method)
+                results[None, head, method] = read_record(one / head, method)
     finally:
         finish(launched, folders["zero3"])
     launched = launch(*launches["fsdp2"][:2], folders["fsdp2"], **launches["fsdp2"][2])
@@ -201,7 +193,9 @@ def sharded_runs(policies, tmp_path_factory):
     for sharding in SHARDINGS:
         for head in HEADS:
             for method in SHARDED_METHODS:
-                results[sharding, head, method] = [read(folders[sharding] / head, method, rank) for rank in (0, 1)]
+                results[sharding, head, method] = [
+                    read_record(folders[sharding] / head, method, rank) for rank in (0, 1)
+                ]
     return results
 
 

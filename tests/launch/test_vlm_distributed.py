@@ -5,13 +5,11 @@ come from ``vlm.vlm_rollout`` (fixed per image), so both layouts score the same 
 ranks with 4 completions each must reproduce one process with 8: rewards, losses, entropies, the controller after
 every step, and the weights (the vision tower's included) after three optimizer steps."""
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from _support.distributed_run import ADAPTIVE_METHODS, finish, launch_two_processes
+from _support.distributed_run import ADAPTIVE_METHODS, beside_two_processes, launch_two_processes
 from _support.vlm_distributed_run import run
 
 
@@ -23,25 +21,16 @@ METHODS = (*ADAPTIVE_METHODS, "grpo")
 WEIGHTS_ATOL = 1e-4
 
 
-def read(folder, method, rank=0):
-    with open(os.path.join(folder, f"{method}_rank{rank}.json")) as file:
-        record = json.load(file)
-    return record, torch.load(os.path.join(folder, f"{method}_rank{rank}.pt"))
-
-
 @pytest.fixture(scope="module")
 def vlm_runs(tmp_path_factory):
     """``{method: ((one_process_record, weights), [(rank_record, weights) for both ranks])}``."""
     two = tmp_path_factory.mktemp("vlm_two_processes")
     options = ["--family", FAMILY, "--out", str(two), "--per-device-batch-size", "4", "--steps", str(STEPS)]
     launched = launch_two_processes(SCRIPT, [*options, "--methods", ",".join(METHODS)], two)
-    try:  # the one-process run goes on here while the two ranks run
-        one = tmp_path_factory.mktemp("vlm_one_process")
-        for method in METHODS:
-            run(FAMILY, method, str(one), per_device_batch_size=8, steps=STEPS)
-    finally:
-        finish(launched, two)
-    return {method: (read(one, method), [read(two, method, rank) for rank in (0, 1)]) for method in METHODS}
+    one = tmp_path_factory.mktemp("vlm_one_process")
+    return beside_two_processes(
+        launched, two, one, METHODS, lambda method: run(FAMILY, method, str(one), per_device_batch_size=8, steps=STEPS)
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -178,9 +178,7 @@ def test_training_with_accumulation_reproduces_training_without(method, warm_toy
             optim="sgd",  # Adam would hide a wrong gradient scale, and magnifies rounding in near-zero gradients
             learning_rate=0.05,
         )
-        recorder = ControllerRecorder()
-        recorder.trainer = trainer
-        trainer.add_callback(recorder)
+        recorder = ControllerRecorder.attached_to(trainer)
         trainer.train()
         runs.append((trainer, recorder.values))
     (one, one_values), (two, two_values) = runs
@@ -315,9 +313,7 @@ def test_controllers_update_once_per_generation_cycle(method, setting, warm_toy_
 
     trainer._compute_loss = recording_compute_loss
     controller.update = recording_update
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     trainer.train()
 
     assert len(sums) == 4 * accumulation

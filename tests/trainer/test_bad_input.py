@@ -381,9 +381,7 @@ def test_training_through_an_all_masked_step(method, warm_toy_policy_path, tmp_p
     )
     (controller,) = trainer.controllers.values()
     initial = controller.state_dict()
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     with pytest.warns(UserWarning, match="keeps its value"):
         trainer.train()
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -495,9 +493,7 @@ def test_none_and_nan_rewards_are_handled_as_trl_does(method, warm_toy_policy_pa
     assert torch.isfinite(advantages).all()
     assert advantages[:4].eq(0).all() and advantages[5] == 0 and advantages[4:].ne(0).any()
 
-    recorder = ControllerRecorder()
-    recorder.trainer = ours
-    ours.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(ours)
     ours.train()
     assert len(recorder.values) == 2 and all(math.isfinite(v) for v in recorder.values)
     for controller in ours.controllers.values():

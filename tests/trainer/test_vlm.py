@@ -364,9 +364,7 @@ def vlm_resume_run(path, processor, output_dir, resume_from=None):
         save_strategy="steps",
         save_steps=1,
     )
-    recorder = ControllerRecorder()
-    recorder.trainer = trainer
-    trainer.add_callback(recorder)
+    recorder = ControllerRecorder.attached_to(trainer)
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer, recorder.values
 
