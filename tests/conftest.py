@@ -49,3 +49,10 @@ def warm_toy_policy_path(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported: drop the costs that say nothing of the code (`_support/process.py`)."""
+    from _support.process import lighten
+
+    lighten()

@@ -30,6 +30,7 @@ import sys
 import torch
 
 from _support.distributed_run import logged, make_trainer
+from _support.process import lighten
 from trl_entropy.methods.cov_selection import COV_SELECTION_KEY, COV_SELECTION_SCOPES
 
 
@@ -135,6 +136,7 @@ def main(argv=None) -> None:
     if options.out is None or options.per_device_batch_size is None:
         parser.error("--out and --per-device-batch-size are required to train")
     torch.set_num_threads(1)
+    lighten()
     if not os.path.exists(os.path.join(options.model, "config.json")):
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
             parser.error(f"{options.model} holds no model: make it with a one-process run first")

@@ -41,6 +41,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from _support.process import lighten  # noqa: E402
 from trl_entropy.core.trainer import EntropyGRPOTrainer  # noqa: E402
 from trl_entropy.methods import METHODS  # noqa: E402
 
@@ -569,6 +570,7 @@ def main(argv=None) -> None:
     )
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
+    lighten()
     methods = sorted(METHODS) if options.methods == "all" else options.methods.split(",")
     for model in options.model:
         out = (

@@ -23,6 +23,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from _support.distributed_run import ControllerRecorder, end_rank_cleanly, full_weights, logged  # noqa: E402
+from _support.process import lighten  # noqa: E402
 from _support.vlm import build_vlm, vlm_rollout, vlm_trainer  # noqa: E402
 
 
@@ -62,6 +63,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
+    lighten()
     for method in options.methods.split(","):
         run(options.family, method, options.out, options.per_device_batch_size, options.steps)
     end_rank_cleanly(int(os.environ.get("RANK", 0)))

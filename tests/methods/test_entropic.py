@@ -407,6 +407,8 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_entropic import controller_settings, record_micro_batches
 from _support.distributed_run import end_rank_cleanly, make_trainer
+from _support.process import lighten
+lighten()
 trainer = make_trainer("entropic", sys.argv[2], sys.argv[3], per_device_train_batch_size=4,
                        gradient_accumulation_steps=2, max_steps=3)
 records = record_micro_batches(trainer)

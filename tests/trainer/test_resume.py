@@ -226,6 +226,8 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from _support.resume import train
 from _support.distributed_run import logged
+from _support.process import lighten
+lighten()
 trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
 if trainer.accelerator.is_main_process:
     record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}

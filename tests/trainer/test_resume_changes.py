@@ -249,6 +249,8 @@ ONE_STEP_RANK_SCRIPT = """
 import sys
 from _support.distributed_run import end_rank_cleanly
 from _support.resume import train
+from _support.process import lighten
+lighten()
 trainer, _ = train("repo_r", sys.argv[1], sys.argv[2], max_steps=1)
 end_rank_cleanly(trainer.accelerator.process_index)
 """
@@ -307,6 +309,8 @@ import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import torch, transformers
 from _support.resume import train
+from _support.process import lighten
+lighten()
 save = torch.save
 def killing_save(obj, f, *args, **kwargs):
     if isinstance(f, str) and f.endswith(os.path.join("checkpoint-3", "optimizer.pt")):

@@ -1,0 +1,29 @@
+"""Two costs of a test process that say nothing about the code under test, removed once its imports are done (the
+pytest session after collection; each rank script before its runs).
+
+* accelerate looks up an installed package (``peft``, ``deepspeed``) by parsing its metadata file at every call of
+  ``is_peft_model`` and ``extract_model_from_parallel``: about 4 ms each, several per trainer built and per scoring
+  pass, which was a third of a toy trainer's construction. The installed packages do not change inside a process,
+  so the answer is cached.
+* A full garbage collection walks every object the imports of torch, transformers and TRL created (about 430,000,
+  0.5 s), and ``transformers.Trainer.train`` asks for one at every start. Freezing the heap after the imports leaves
+  those objects out of every later collection; what the tests create is collected as before. Whether the code under
+  test frees what it should is not a question these collections answer (nothing here asserts on it).
+"""
+
+import atexit
+import functools
+import gc
+
+
+def lighten() -> None:
+    """Cache accelerate's installed-package lookups and freeze the objects created so far (see the module)."""
+    import accelerate.utils.imports
+
+    lookup = accelerate.utils.imports._is_package_available
+    if not hasattr(lookup, "cache_info"):
+        accelerate.utils.imports._is_package_available = functools.cache(lookup)
+    gc.collect()
+    gc.freeze()
+    # Unfrozen at exit, so that the interpreter's teardown frees them (nanobind, in triton, reports leaks otherwise).
+    atexit.register(gc.unfreeze)
