@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from _support.grpo import TOY_CACHE
 
 from trl_entropy.toy import (
     TOY_ALPHABET,
@@ -30,8 +31,9 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def policy():
-    """The default warm-started policy (the one examples use), built once for the module."""
-    return build_toy_policy(seed=0)
+    """The default warm-started policy (the one examples use), from the tests' cache of it (which
+    ``test_cache_round_trip_gives_identical_logits`` checks against a fresh build)."""
+    return build_toy_policy(seed=0, cache_dir=TOY_CACHE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
