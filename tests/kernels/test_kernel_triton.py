@@ -4,7 +4,7 @@
   (Triton reads it when the kernels are decorated, so it cannot be switched on inside this pytest process without
   affecting everything else). The script loads ``trl_entropy/kernels/`` standalone, without importing
   ``trl_entropy``/TRL, and
-  checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=16, d=32, V=300), with
+  checks values and gradients of ``backend="triton"`` against float64 at small sizes (N=8, d=32, V=300), with
   and without TRL's logit map (soft-cap and logit scale), and the clamp's boundary on tied logits (``clamp_boundary``),
   which a copy of the kernels with ``>=`` planted in their kept tests must fail.
 * ``test_triton_kernels_compile_for_cuda`` compiles both kernels ahead of time for sm_80 and sm_90 (no GPU needed), so
@@ -49,7 +49,7 @@ def _load_kernels_standalone():
     return module
 
 
-def _inputs(dtype=torch.float32, n=16, d=32, vocab=300, seed=0, bias=True):
+def _inputs(dtype=torch.float32, n=8, d=32, vocab=300, seed=0, bias=True):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, d, generator=g, dtype=torch.float64).to(dtype)
     weight = (torch.randn(vocab, d, generator=g, dtype=torch.float64) * 0.5).to(dtype)
@@ -104,7 +104,7 @@ def interpreter_checks() -> None:
     hidden, weight, bias, targets = _inputs()
     all_subsets = [s for r in (1, 2, 3) for s in itertools.combinations(OUTPUTS, r)]
 
-    # values and gradients: clamp 0 / 0.3 / 0.9, temperatures, chunk sizes (16 rows: 5 does not divide it)
+    # values and gradients: clamp 0 / 0.3 / 0.9, temperatures, chunk sizes (8 rows: 5 and 7 do not divide it, 16 exceeds it)
     _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.0, temperature=1.0, chunk_size=5)
     done("clamp 0, T=1, chunk 5")
     _check(
