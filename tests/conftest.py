@@ -56,3 +56,14 @@ def pytest_collection_finish(session):
     from _support.process import lighten
 
     lighten()
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory):
+    """Two ranks (DDP, gloo, on the CPU) started at the first two-process job of this test process, which they run
+    and every later one (`_support/rank_pool.py`)."""
+    from _support.rank_pool import RankPool
+
+    pool = RankPool(lambda: tmp_path_factory.mktemp("two_ranks"))
+    yield pool
+    pool.stop()

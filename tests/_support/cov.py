@@ -5,7 +5,6 @@ loaded in float64), so neither the kernel, the base trainer nor the selection fu
 trainer builders of those tests."""
 
 import math
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,7 +13,6 @@ from _support.grpo import make_grpo_batch, naive_log_probs, toy_config
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
 
-SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 ACCUMULATION = 2
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 EPSILON = 0.2  # GRPOConfig's default, the paper's ε

@@ -526,15 +526,15 @@ def read_record(folder, method: str, rank: int = 0) -> tuple[dict, dict]:
     return record, torch.load(os.path.join(folder, f"{method}_rank{rank}.pt"))
 
 
-def beside_two_processes(launched: subprocess.Popen, two, one, methods, run_one_process) -> dict:
-    """Run each of ``methods`` on one process into ``one`` (``run_one_process(method)``) while the ``launched`` ranks
-    write into ``two``, wait for them, and read both: ``{method: (one_process_record, [rank0_record, rank1_record])}``,
-    each ``(record, full_weights)``."""
+def beside_two_processes(job, two, one, methods, run_one_process) -> dict:
+    """Run each of ``methods`` on one process into ``one`` (``run_one_process(method)``) while the two ranks run
+    ``job`` (``_support/rank_pool.py``), writing into ``two``; wait for them, and read both:
+    ``{method: (one_process_record, [rank0_record, rank1_record])}``, each ``(record, full_weights)``."""
     try:
         for method in methods:
             run_one_process(method)
     finally:
-        finish(launched, two)
+        job.wait()
     return {
         method: (read_record(one, method), [read_record(two, method, rank) for rank in (0, 1)]) for method in methods
     }

@@ -21,9 +21,10 @@ def lighten() -> None:
     import accelerate.utils.imports
 
     lookup = accelerate.utils.imports._is_package_available
-    if not hasattr(lookup, "cache_info"):
+    if not hasattr(lookup, "cache_info"):  # the first call in this process
         accelerate.utils.imports._is_package_available = functools.cache(lookup)
+        # Unfrozen at exit, so that the interpreter's teardown frees them (nanobind, in triton, reports leaks
+        # otherwise).
+        atexit.register(gc.unfreeze)
     gc.collect()
     gc.freeze()
-    # Unfrozen at exit, so that the interpreter's teardown frees them (nanobind, in triton, reports leaks otherwise).
-    atexit.register(gc.unfreeze)

@@ -14,7 +14,6 @@ entropy and reward, the controller value after each step) and ``<method>_rank<k>
 import argparse
 import json
 import os
-import sys
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,8 +65,8 @@ def main(argv=None) -> None:
     lighten()
     for method in options.methods.split(","):
         run(options.family, method, options.out, options.per_device_batch_size, options.steps)
-    end_rank_cleanly(int(os.environ.get("RANK", 0)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    end_rank_cleanly(int(os.environ.get("RANK", 0)))

@@ -104,7 +104,7 @@ def interpreter_checks() -> None:
     hidden, weight, bias, targets = _inputs()
     all_subsets = [s for r in (1, 2, 3) for s in itertools.combinations(OUTPUTS, r)]
 
-    # values and gradients: clamp 0 / 0.3 / 0.9, temperatures, chunk sizes (8 rows: 5 and 7 do not divide it, 16 exceeds it)
+    # values and gradients: clamp 0 / 0.3 / 0.9, temperatures, chunk sizes (8 rows: 5 and 7 leave a partial chunk)
     _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.0, temperature=1.0, chunk_size=5)
     done("clamp 0, T=1, chunk 5")
     _check(

@@ -20,10 +20,10 @@ and FSDP2
 
 import itertools
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from _support import distributed_run
 from _support.distributed_run import (
     ADAPTIVE_METHODS,
     ROLLOUT_ENTROPY_METHODS,
@@ -55,10 +55,9 @@ def max_weight_difference(first: dict, second: dict) -> float:
     return max((first[name] - second[name]).abs().max().item() for name in first)
 
 
-def launch(launcher_options: list[str], script_options: list[str], folder: Path, **env) -> subprocess.Popen:
-    """Start ``distributed_run.py`` on two processes, writing into ``folder``."""
-    options = ["--out", str(folder), "--per-device-batch-size", "4", "--steps", str(STEPS), *script_options]
-    return launch_two_processes(SUPPORT / "distributed_run.py", options, folder, launcher_options, **env)
+def script_options(folder: Path, *options: str) -> list[str]:
+    """``distributed_run.py``'s options for a two-process run writing into ``folder``."""
+    return ["--out", str(folder), "--per-device-batch-size", "4", "--steps", str(STEPS), *options]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -97,17 +96,16 @@ def controller_steps(record) -> list[tuple[float, ...]]:
 
 
 @pytest.fixture(scope="module")
-def runs(warm_toy_policy_path, tmp_path_factory):
+def runs(two_ranks, warm_toy_policy_path, tmp_path_factory):
     """``{method: ((one_process_record, weights), [(rank0_record, weights), (rank1_record, weights)])}``."""
     two = tmp_path_factory.mktemp("two_processes")
-    launched = launch(
-        ["--multi_gpu"],  # torchrun with two local processes; without CUDA each process uses the CPU and gloo
-        ["--model", warm_toy_policy_path, "--methods", ",".join(TWO_PROCESS_METHODS)],
-        two,
+    job = two_ranks.submit(
+        distributed_run.main,
+        script_options(two, "--model", warm_toy_policy_path, "--methods", ",".join(TWO_PROCESS_METHODS)),
     )
     one = tmp_path_factory.mktemp("one_process")
     return beside_two_processes(
-        launched,
+        job,
         two,
         one,
         TWO_PROCESS_METHODS,
@@ -164,22 +162,21 @@ def policies(warm_toy_policy_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sharded_runs(policies, tmp_path_factory):
+def sharded_runs(two_ranks, policies, tmp_path_factory):
     """``{(sharding, head, method): [(rank0_record, weights), (rank1_record, weights)]}`` and, under the key
     ``(None, head, method)``, the one-process run ``(record, weights)``, for AEnt, the base and trl.GRPOTrainer."""
     models = ["--model", policies["tied"], policies["untied"], "--methods", ",".join(SHARDED_METHODS)]
-    launches = {
-        "zero3": (
-            ["--use_deepspeed", "--deepspeed_config_file", str(SUPPORT / "zero3_cpu.json")],
-            models,
-            {"DS_ACCELERATOR": "cpu"},
-        ),
-        "fsdp2": (["--multi_gpu"], [*models, "--fsdp2"], {}),
-    }
     folders = {sharding: tmp_path_factory.mktemp(sharding) for sharding in SHARDINGS}
     results = {}
-    # One launch at a time (two cores); the one-process runs go on here during the first.
-    launched = launch(*launches["zero3"][:2], folders["zero3"], **launches["zero3"][2])
+    # DeepSpeed needs a launch of its own (accelerate's DeepSpeed launcher); FSDP2 runs on the test process's two
+    # ranks, after it (one two-process run at a time on two cores). The one-process runs go on here meanwhile.
+    launched = launch_two_processes(
+        SUPPORT / "distributed_run.py",
+        script_options(folders["zero3"], *models),
+        folders["zero3"],
+        ["--use_deepspeed", "--deepspeed_config_file", str(SUPPORT / "zero3_cpu.json")],
+        DS_ACCELERATOR="cpu",
+    )
     try:
         one = tmp_path_factory.mktemp("one_process_sharded")
         for head in HEADS:
@@ -188,8 +185,7 @@ def sharded_runs(policies, tmp_path_factory):
                 results[None, head, method] = read_record(one / head, method)
     finally:
         finish(launched, folders["zero3"])
-    launched = launch(*launches["fsdp2"][:2], folders["fsdp2"], **launches["fsdp2"][2])
-    finish(launched, folders["fsdp2"])
+    two_ranks.run(distributed_run.main, script_options(folders["fsdp2"], *models, "--fsdp2"))
     for sharding in SHARDINGS:
         for head in HEADS:
             for method in SHARDED_METHODS:

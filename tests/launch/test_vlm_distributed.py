@@ -5,15 +5,13 @@ come from ``vlm.vlm_rollout`` (fixed per image), so both layouts score the same 
 ranks with 4 completions each must reproduce one process with 8: rewards, losses, entropies, the controller after
 every step, and the weights (the vision tower's included) after three optimizer steps."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from _support.distributed_run import ADAPTIVE_METHODS, beside_two_processes, launch_two_processes
+from _support import vlm_distributed_run
+from _support.distributed_run import ADAPTIVE_METHODS, beside_two_processes
 from _support.vlm_distributed_run import run
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "_support" / "vlm_distributed_run.py"
 FAMILY, STEPS = "qwen2_vl", 3
 METHODS = (*ADAPTIVE_METHODS, "grpo")
 # As for the text-only toy (tests/launch/test_distributed.py): two ranks sum in another order than one process, and
@@ -22,14 +20,14 @@ WEIGHTS_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def vlm_runs(tmp_path_factory):
+def vlm_runs(two_ranks, tmp_path_factory):
     """``{method: ((one_process_record, weights), [(rank_record, weights) for both ranks])}``."""
     two = tmp_path_factory.mktemp("vlm_two_processes")
     options = ["--family", FAMILY, "--out", str(two), "--per-device-batch-size", "4", "--steps", str(STEPS)]
-    launched = launch_two_processes(SCRIPT, [*options, "--methods", ",".join(METHODS)], two)
+    job = two_ranks.submit(vlm_distributed_run.main, [*options, "--methods", ",".join(METHODS)])
     one = tmp_path_factory.mktemp("vlm_one_process")
     return beside_two_processes(
-        launched, two, one, METHODS, lambda method: run(FAMILY, method, str(one), per_device_batch_size=8, steps=STEPS)
+        job, two, one, METHODS, lambda method: run(FAMILY, method, str(one), per_device_batch_size=8, steps=STEPS)
     )
 
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
+from _support import cov_scope_run
 from _support.cov import (
     LOSS_TYPES,
-    SUPPORT,
     Reference,
     assert_same,
     batch,
@@ -27,7 +27,7 @@ from _support.cov import (
     trainer_step,
 )
 from _support.cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
-from _support.distributed_run import finish, launch_two_processes, make_trainer, ranked_reward
+from _support.distributed_run import make_trainer, ranked_reward
 
 from trl_entropy.core.statistics import covariance_moments, pooled_covariance
 from trl_entropy.core.surrogates import ppo_clip_active
@@ -215,12 +215,12 @@ def test_selection_and_weights_do_not_depend_on_accumulation(warm_toy_policy_pat
 
 
 @pytest.fixture(scope="module")
-def two_process_records(warm_toy_policy_path, tmp_path_factory):
-    """``{(method, scope): (one_process_record, [rank0_record, rank1_record])}``: cov_scope_run.py launched on two CPU
-    processes (gloo) with 4 completions each, and run here on one process with 8, while the two ranks run."""
+def two_process_records(two_ranks, warm_toy_policy_path, tmp_path_factory):
+    """``{(method, scope): (one_process_record, [rank0_record, rank1_record])}``: cov_scope_run.py run on two CPU
+    processes (gloo) with 4 completions each, and here on one process with 8, while the two ranks run."""
     two = tmp_path_factory.mktemp("cov_two_processes")
     options = ["--model", warm_toy_policy_path, "--out", str(two), "--per-device-batch-size", "4"]
-    launched = launch_two_processes(SUPPORT / "cov_scope_run.py", options, two)
+    job = two_ranks.submit(cov_scope_run.main, options)
     try:  # the one-process runs go on here while the two ranks run
         one = {
             (method, scope): train_recording(
@@ -230,7 +230,7 @@ def two_process_records(warm_toy_policy_path, tmp_path_factory):
             for scope in COV_SELECTION_SCOPES
         }
     finally:
-        finish(launched, two)
+        job.wait()
     return {
         (method, scope): (record, load_records(str(two), method, scope)) for (method, scope), record in one.items()
     }

@@ -11,11 +11,10 @@ tests/trainer/test_accumulation.py; the all-masked micro-batch: tests/trainer/te
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
-from _support.distributed_run import finish, launch_two_processes, make_trainer
+from _support.distributed_run import make_trainer
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_softmax, toy_config
 from _support.parity import assert_same_step
 from transformers import AutoModelForCausalLM
@@ -31,9 +30,6 @@ from trl_entropy.methods.entropic import (
     entropic_term,
     high_probability_mask,
 )
-
-
-HERE = Path(__file__).resolve().parent
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -399,24 +395,18 @@ def test_zero_entropy_micro_batch_gives_a_finite_loss(toy_model_path, toy_tokeni
 # Training: α and I per micro-batch, against the float64 replay
 # ---------------------------------------------------------------------------------------------------------------------
 
-# One rank of a two-process run: three optimizer steps of two micro-batches each (a cycle is two micro-batches,
-# w = 1/2); after every training micro-batch it records this rank's float64 [Σ m·H, Σ m] (from the weights the step
-# used) and the controller's α and I.
-RANK_SCRIPT = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from test_entropic import controller_settings, record_micro_batches
-from _support.distributed_run import end_rank_cleanly, make_trainer
-from _support.process import lighten
-lighten()
-trainer = make_trainer("entropic", sys.argv[2], sys.argv[3], per_device_train_batch_size=4,
-                       gradient_accumulation_steps=2, max_steps=3)
-records = record_micro_batches(trainer)
-trainer.train()
-with open(f"{sys.argv[3]}/rank{trainer.accelerator.process_index}.json", "w") as file:
-    json.dump({"settings": controller_settings(trainer), "records": records}, file)
-end_rank_cleanly(trainer.accelerator.process_index)
-"""
+
+def world_rank(model: str, output_dir: str) -> None:
+    """One rank of a two-process run: three optimizer steps of two micro-batches each (a cycle is two micro-batches,
+    w = 1/2); after every training micro-batch it records this rank's float64 [Σ m·H, Σ m] (from the weights the step
+    used) and the controller's α and I."""
+    trainer = make_trainer(
+        "entropic", model, output_dir, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=3
+    )
+    records = record_micro_batches(trainer)
+    trainer.train()
+    with open(f"{output_dir}/rank{trainer.accelerator.process_index}.json", "w") as file:
+        json.dump({"settings": controller_settings(trainer), "records": records}, file)
 
 
 def record_micro_batches(trainer) -> list[dict]:
@@ -484,13 +474,12 @@ def test_one_process_controller_is_the_float64_replay_of_its_micro_batches(warm_
     assert_states_replayed(records, replay([record["sums"] for record in records], **settings))
 
 
+# two processes, three steps (a launch-tier test, tests/methods/conftest.py)
 # two processes, three steps: about 40 s on two CPU cores (a launch-tier test, tests/conftest.py)
-def test_every_rank_holds_the_float64_replay_of_the_world_micro_batches(warm_toy_policy_path, tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+def test_every_rank_holds_the_float64_replay_of_the_world_micro_batches(two_ranks, warm_toy_policy_path, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    finish(launch_two_processes(script, [str(HERE), warm_toy_policy_path, str(out)], tmp_path), tmp_path)
+    two_ranks.run(world_rank, warm_toy_policy_path, str(out))
     written = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     settings, ranks = written[0]["settings"], [rank["records"] for rank in written]
     assert settings["weight"] == 0.5  # two micro-batches per cycle

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from _support.distributed_run import finish, launch_two_processes
+from _support.distributed_run import logged
 from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
@@ -28,7 +28,6 @@ from trl_entropy.methods import METHODS
 from trl_entropy.methods.clip_cov import CLIP_COV_GENERATOR_FILE
 
 
-TESTS = Path(__file__).resolve().parents[1]  # on the rank scripts' sys.path: _support imports from there
 # TRL's own adaptive entropy bonus has state of its own (coefficient, last entropy) in TRL's checkpoint file.
 CASES = [(name, {}) for name in sorted(METHODS)] + [
     (
@@ -220,43 +219,31 @@ def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, 
 # Two processes
 # ---------------------------------------------------------------------------------------------------------------------
 
-# One rank of a two-process run: this suite's `train`, the record written by rank 0.
-RANK_SCRIPT = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from _support.resume import train
-from _support.distributed_run import logged
-from _support.process import lighten
-lighten()
-trainer, values = train("repo_r", sys.argv[2], sys.argv[3], resume_from=sys.argv[4] or None)
-if trainer.accelerator.is_main_process:
-    record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
-    with open(sys.argv[3] + "/record.json", "w") as file:
-        json.dump(dict(record, controller=values), file)
-from _support.distributed_run import end_rank_cleanly
-end_rank_cleanly(trainer.accelerator.process_index)
-"""
+
+def repo_r_rank(model: str, output_dir: str, resume_from: str | None) -> None:
+    """One rank of a two-process run: this suite's `train`; rank 0 writes the record into ``output_dir``."""
+    trainer, values = train("repo_r", model, output_dir, resume_from=resume_from)
+    if trainer.accelerator.is_main_process:
+        record = {key: logged(trainer, key) for key in ("loss", "entropy", "repo/entropy_target")}
+        with open(os.path.join(output_dir, "record.json"), "w") as file:
+            json.dump(dict(record, controller=values), file)
 
 
-def run_two_processes(script, arguments, folder):
-    """The record of a two-process run of ``script`` (rank 0 writes it into ``arguments[2]``)."""
-    finish(launch_two_processes(script, arguments, folder), folder)
-    with open(os.path.join(arguments[2], "record.json")) as file:
+def run_two_processes(two_ranks, model: str, output_dir: Path, resume_from: Path | None = None) -> dict:
+    """The record of a two-process run of :func:`repo_r_rank`."""
+    two_ranks.run(repo_r_rank, model, str(output_dir), None if resume_from is None else str(resume_from))
+    with open(output_dir / "record.json") as file:
         return json.load(file)
 
 
-# two launches of two processes: about 80 s on two CPU cores (a launch-tier test, tests/trainer/conftest.py)
-def test_two_process_mid_cycle_resume_equals_the_straight_run(warm_toy_policy_path, tmp_path):
+# two two-process runs (a launch-tier test, tests/trainer/conftest.py)
+def test_two_process_mid_cycle_resume_equals_the_straight_run(two_ranks, warm_toy_policy_path, tmp_path):
     """Each rank saves its own generation batch; the partial cycle sums, reduced at the save, restart on rank 0."""
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    straight = run_two_processes(script, [str(TESTS), warm_toy_policy_path, str(tmp_path / "straight"), ""], tmp_path)
+    straight = run_two_processes(two_ranks, warm_toy_policy_path, tmp_path / "straight")
     checkpoint = tmp_path / "straight" / f"checkpoint-{CHECKPOINT}"
     assert saved_snapshot(str(checkpoint))["num_processes"] == 2
     assert all((checkpoint / GENERATION_BATCH_FILE.format(process_index=rank)).exists() for rank in (0, 1))
-    resumed = run_two_processes(
-        script, [str(TESTS), warm_toy_policy_path, str(tmp_path / "resumed"), str(checkpoint)], tmp_path
-    )
+    resumed = run_two_processes(two_ranks, warm_toy_policy_path, tmp_path / "resumed", checkpoint)
     assert len(set(straight["loss"][CHECKPOINT:])) == STEPS - CHECKPOINT, "identical losses: the check would be weak"
     for key in ("loss", "entropy", "repo/entropy_target"):  # the target is measured on the resumed cycle's sums
         assert resumed[key][CHECKPOINT:] == pytest.approx(straight[key][CHECKPOINT:], rel=1e-5, abs=1e-7), key

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 import transformers
 from _support import resume
-from _support.distributed_run import checkout_package_path, finish, launch_two_processes
+from _support.distributed_run import checkout_package_path
 from _support.resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import (
@@ -244,24 +244,15 @@ def test_mid_cycle_resume_with_another_layout_trains_and_warns(
     assert resumed.state.global_step == 2 and values == [straight_values[0]]  # β from the checkpoint, trained on
 
 
-# One rank of a two-process run of one step: checkpoint-1, inside the first cycle.
-ONE_STEP_RANK_SCRIPT = """
-import sys
-from _support.distributed_run import end_rank_cleanly
-from _support.resume import train
-from _support.process import lighten
-lighten()
-trainer, _ = train("repo_r", sys.argv[1], sys.argv[2], max_steps=1)
-end_rank_cleanly(trainer.accelerator.process_index)
-"""
+def one_step_rank(model: str, output_dir: str) -> None:
+    """One rank of a two-process run of one step: checkpoint-1, inside the first cycle."""
+    train("repo_r", model, output_dir, max_steps=1)
 
 
-def test_two_process_checkpoint_resumed_by_one_process_regenerates(warm_toy_policy_path, tmp_path):
+def test_two_process_checkpoint_resumed_by_one_process_regenerates(two_ranks, warm_toy_policy_path, tmp_path):
     """Each rank buffered its own half of the generation batch: one process cannot take them over, so the batch is
     regenerated, with the layout warning naming the number of processes."""
-    script = tmp_path / "rank.py"
-    script.write_text(ONE_STEP_RANK_SCRIPT)
-    finish(launch_two_processes(script, [warm_toy_policy_path, str(tmp_path / "two")], tmp_path), tmp_path)
+    two_ranks.run(one_step_rank, warm_toy_policy_path, str(tmp_path / "two"))
     checkpoint = str(tmp_path / "two" / "checkpoint-1")
     snapshot = saved_snapshot(checkpoint)
     old = snapshot["layout"]
