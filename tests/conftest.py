@@ -67,3 +67,10 @@ def two_ranks(tmp_path_factory):
     pool = RankPool(lambda: tmp_path_factory.mktemp("two_ranks"))
     yield pool
     pool.stop()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering and the deselection by -m and -k
+def pytest_collection_modifyitems(config, items):
+    from _support.scheduling import order_files
+
+    order_files(items)

@@ -9,8 +9,8 @@ import math
 import torch
 from transformers import AutoModelForCausalLM
 
-from _support.grpo import make_grpo_batch, naive_log_probs, toy_config
-from trl_entropy.toy import build_toy_dataset, toy_reward
+from _support.grpo import make_grpo_batch, naive_log_probs, toy_config, toy_dataset
+from trl_entropy.toy import toy_reward
 
 
 ACCUMULATION = 2
@@ -138,7 +138,7 @@ def build_trainer(trainer_class, config_class, path, tokenizer, tmp_path, name="
         model=path,
         reward_funcs=toy_reward,
         args=args,
-        train_dataset=build_toy_dataset(8, seed=0),
+        train_dataset=toy_dataset(8),
         processing_class=tokenizer,
     )
     trainer.model.train()
@@ -234,7 +234,7 @@ def run_training(trainer_class, config, path):
         model=path,
         reward_funcs=toy_reward,
         args=config,
-        train_dataset=build_toy_dataset(64, seed=0),
+        train_dataset=toy_dataset(64),
         processing_class=AutoTokenizer.from_pretrained(path),
     )
     trainer.train()

@@ -203,7 +203,8 @@ def make_trainer(
     ``train_dataset`` the toy task's ``dataset_size`` problems, ``trainer_class`` the method's (a subclass of it that
     records something).
     """
-    from trl_entropy.toy import build_toy_dataset, toy_reward
+    from _support.grpo import toy_dataset
+    from trl_entropy.toy import toy_reward
 
     config_class, method_trainer_class = trainer_classes(method)
     trainer_class = trainer_class or method_trainer_class
@@ -228,7 +229,7 @@ def make_trainer(
         model=model,
         reward_funcs=reward or toy_reward,
         args=args,
-        train_dataset=build_toy_dataset(dataset_size, seed=0) if train_dataset is None else train_dataset,
+        train_dataset=toy_dataset(dataset_size) if train_dataset is None else train_dataset,
         **{"rollout_func": rollout, **(trainer_kwargs or {})},
     )
 

@@ -1,6 +1,7 @@
 """What the tests share besides fixtures: hand-built GRPO micro-batches, the one config and trainer builders, the loss
 and gradients of one step, and float64 log-probs and entropies from the full logits."""
 
+import functools
 import os
 
 import torch
@@ -67,16 +68,25 @@ def toy_config(config_class, output_dir="unused", **options):
 SMALL_BATCH = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
 
 
+@functools.cache
+def toy_dataset(size: int, seed: int = 0):
+    """``build_toy_dataset(size, seed=seed)``, built once per test process: a pure function of its arguments, which
+    trainers only read (an Arrow dataset cannot be changed in place)."""
+    from trl_entropy.toy import build_toy_dataset
+
+    return build_toy_dataset(size, seed=seed)
+
+
 def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
     """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
-    from trl_entropy.toy import build_toy_dataset, toy_reward
+    from trl_entropy.toy import toy_reward
 
     args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
     trainer = trainer_class(
         model=path,
         reward_funcs=toy_reward,
         args=args,
-        train_dataset=build_toy_dataset(8, seed=0),
+        train_dataset=toy_dataset(8),
         processing_class=tokenizer,
     )
     trainer.model.train()

@@ -4,9 +4,9 @@ of each gives the same loss and gradients."""
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from _support.grpo import loss_and_gradients
+from _support.grpo import loss_and_gradients, toy_dataset
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
-from trl_entropy.toy import build_toy_dataset, toy_reward
+from trl_entropy.toy import toy_reward
 
 
 ACCUMULATION = 2  # exercises the accumulation scaling of every loss type
@@ -26,7 +26,7 @@ def build_pair(path, tokenizer, tmp_path, dataset=None, reward_funcs=toy_reward,
         steps_per_generation=ACCUMULATION,
         **options,
     )
-    dataset = build_toy_dataset(8, seed=0) if dataset is None else dataset
+    dataset = toy_dataset(8) if dataset is None else dataset
     trainers = []
     for trainer_class, config_class, name in (
         (GRPOTrainer, GRPOConfig, "trl"),

@@ -32,11 +32,11 @@ from _support.distributed_run import (
     make_rollout,
     make_trainer,
 )
-from _support.grpo import make_grpo_batch, naive_entropy
+from _support.grpo import make_grpo_batch, naive_entropy, toy_dataset
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.methods import METHODS, get_method
-from trl_entropy.toy import build_toy_dataset, toy_reward
+from trl_entropy.toy import toy_reward
 
 
 # Options that make each method's loss depend on everything it can: a controller that moves on the first update, the
@@ -89,7 +89,7 @@ def build(case, loss_type, accumulation, path, tokenizer, tmp_path):
         **options,
     )
     trainer = method.trainer_class(
-        model=path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(8), processing_class=tokenizer
+        model=path, reward_funcs=toy_reward, args=args, train_dataset=toy_dataset(8), processing_class=tokenizer
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = accumulation
@@ -221,7 +221,7 @@ def test_micro_batch_controller_ignores_the_window(method, toy_model_path, toy_t
             model=toy_model_path,
             reward_funcs=toy_reward,
             args=args,
-            train_dataset=build_toy_dataset(8),
+            train_dataset=toy_dataset(8),
             processing_class=toy_tokenizer,
         )
         trainer.model.train()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, set_sync
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, set_sync, toy_dataset
 from _support.parity import assert_same_step, build_pair
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -23,7 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.objectives import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 from trl_entropy.methods import METHODS, SPECS
-from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
+from trl_entropy.toy import build_toy_model, toy_reward
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +233,7 @@ def test_args_none_builds_the_methods_default_config(toy_model_path, toy_tokeniz
     monkeypatch.chdir(tmp_path)
     model = toy_model_path if by_name else AutoModelForCausalLM.from_pretrained(toy_model_path)
     model_name = os.path.basename(toy_model_path)
-    common = dict(reward_funcs=toy_reward, train_dataset=build_toy_dataset(8, seed=0), processing_class=toy_tokenizer)
+    common = dict(reward_funcs=toy_reward, train_dataset=toy_dataset(8), processing_class=toy_tokenizer)
     reference = GRPOTrainer(model=model, **common).args
     assert reference.output_dir == f"{model_name}-GRPO"
     for trainer_class, config_class in TRAINERS.items():

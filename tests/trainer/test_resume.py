@@ -38,10 +38,26 @@ CASES = [(name, {}) for name in sorted(METHODS)] + [
 IDS = [name if not options else f"{name}-adaptive" for name, options in CASES]
 
 
+@pytest.fixture(scope="module")
+def straight_run(warm_toy_policy_path, tmp_path_factory):
+    """``straight_run(method, options) -> (trainer, controller values, folder)``: the straight run of a case, with a
+    checkpoint at every step, trained once for the module's tests (they only read it)."""
+    runs = {}
+
+    def straight(method, options):
+        key = (method, tuple(sorted(options.items())))
+        if key not in runs:
+            folder = tmp_path_factory.mktemp(f"straight_{method}")
+            runs[key] = (*train(method, warm_toy_policy_path, str(folder), **options), folder)
+        return runs[key]
+
+    return straight
+
+
 @pytest.mark.parametrize("method, options", CASES, ids=IDS)
-def test_resumed_run_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
-    straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
-    checkpoint = str(tmp_path / "straight" / f"checkpoint-{CHECKPOINT}")
+def test_resumed_run_equals_straight_run(method, options, straight_run, warm_toy_policy_path, tmp_path):
+    straight, straight_values, folder = straight_run(method, options)
+    checkpoint = str(folder / f"checkpoint-{CHECKPOINT}")
     resumed, resumed_values = train(
         method, warm_toy_policy_path, str(tmp_path / "resumed"), resume_from=checkpoint, **options
     )
@@ -109,20 +125,22 @@ STATEFUL_CASES = [
 @pytest.mark.parametrize(
     "method, options", STATEFUL_CASES, ids=[m if not o else f"{m}-adaptive" for m, o in STATEFUL_CASES]
 )
-def test_resume_after_a_controller_update_equals_straight_run(method, options, warm_toy_policy_path, tmp_path):
+def test_resume_after_a_controller_update_equals_straight_run(
+    method, options, straight_run, warm_toy_policy_path, tmp_path
+):
     """Resumed from the end of the first cycle and from inside the second, after the state moved off its initial
     value: the next steps equal the straight run's; with the restore switched off (planted bug) they do not."""
-    straight, straight_values = train(method, warm_toy_policy_path, str(tmp_path / "straight"), **options)
+    straight, straight_values, straight_folder = straight_run(method, options)
     if straight.controllers:  # the state moved (a value, or a measured target) before the checkpoint
-        first, updated = (saved_snapshot(str(tmp_path / "straight" / f"checkpoint-{s}")) for s in (1, AFTER_UPDATE[0]))
+        first, updated = (saved_snapshot(str(straight_folder / f"checkpoint-{s}")) for s in (1, AFTER_UPDATE[0]))
         assert first["controllers"] != updated["controllers"], "no update before the checkpoint"
     for checkpoint in AFTER_UPDATE:
-        folder = str(tmp_path / "straight" / f"checkpoint-{checkpoint}")
+        folder = str(straight_folder / f"checkpoint-{checkpoint}")
         resumed, values = train(
             method, warm_toy_policy_path, str(tmp_path / f"resumed{checkpoint}"), folder, **options
         )
         assert_resumed_equals_straight(straight, straight_values, resumed, values, checkpoint)
-    folder = str(tmp_path / "straight" / f"checkpoint-{AFTER_UPDATE[0]}")
+    folder = str(straight_folder / f"checkpoint-{AFTER_UPDATE[0]}")
     with pytest.MonkeyPatch.context() as patch:
         disable_restore(method, options, patch)
         forgetful, values = train(method, warm_toy_policy_path, str(tmp_path / "forgetful"), folder, **options)

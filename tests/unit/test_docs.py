@@ -54,12 +54,12 @@ def test_snippets_are_found():
 
 
 @pytest.fixture(scope="session")
-def toy_policy_cache(tmp_path_factory):
-    from trl_entropy.toy import build_toy_policy
+def toy_policy_cache():
+    """Where the snippets' warm-started toy policy comes from: the tests' cache of it (``test_toy.py`` checks a cached
+    policy against a fresh build)."""
+    from _support.grpo import TOY_CACHE
 
-    cache = tmp_path_factory.mktemp("docs_toy_policy")
-    build_toy_policy(seed=0, cache_dir=cache)
-    return cache
+    return TOY_CACHE
 
 
 @pytest.mark.parametrize(("path", "index", "code"), SNIPPETS)
