@@ -71,6 +71,16 @@ def two_ranks(tmp_path_factory):
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering and the deselection by -m and -k
 def pytest_collection_modifyitems(config, items):
-    from _support.scheduling import order_files
+    from _support.scheduling import order_units
 
-    order_files(items)
+    order_units(items)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # ahead of xdist's own choice; xdist may be absent
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the suite's units and order (`_support/scheduling.py`)."""
+    if config.getvalue("dist") == "loadfile":
+        from _support.scheduling import make_scheduler
+
+        return make_scheduler(config, log)
+    return None
