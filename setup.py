@@ -48,7 +48,7 @@ setup(
         # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison.
         "dev": [
             "pytest>=8",
-            "pytest-xdist",  # the quick loop on both cores (README)
+            "pytest-xdist",  # the test command on both cores (README)
             "build",
             "wheel",
             "matplotlib",

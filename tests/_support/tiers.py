@@ -1,7 +1,7 @@
 """Tier markers by cost. Every test gets one: `pure` (pure functions, configs, source checks), `loss_step` (one loss
 step or scoring pass against float64 or trl.GRPOTrainer), `training` (short in-process training), `launch`
 (subprocesses and multi-process launches). Each folder's conftest.py names its default tier, the files that differ
-and the launches one by one; `-m "not launch"` is the quick loop (README)."""
+and the launches one by one; `-m "pure or loss_step"` is the quick loop (README)."""
 
 import pytest
 

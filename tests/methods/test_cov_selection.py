@@ -236,7 +236,7 @@ def two_process_records(two_ranks, warm_toy_policy_path, tmp_path_factory):
     }
 
 
-# About 70 s on two shared CPU cores; test_selection_and_weights_do_not_depend_on_accumulation is the fast check.
+# Two processes (a launch-tier test); test_selection_and_weights_do_not_depend_on_accumulation is the fast check.
 @pytest.mark.parametrize("method", METHODS)
 def test_two_processes_select_and_train_like_one(two_process_records, method):
     """Two processes × 4 completions against one process × 8, the same completions: the generation-batch scope

@@ -475,7 +475,6 @@ def test_one_process_controller_is_the_float64_replay_of_its_micro_batches(warm_
 
 
 # two processes, three steps (a launch-tier test, tests/methods/conftest.py)
-# two processes, three steps: about 40 s on two CPU cores (a launch-tier test, tests/conftest.py)
 def test_every_rank_holds_the_float64_replay_of_the_world_micro_batches(two_ranks, warm_toy_policy_path, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
