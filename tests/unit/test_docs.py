@@ -53,25 +53,19 @@ def test_snippets_are_found():
     assert python_blocks(ROOT / "docs" / "getting_started.md"), "getting_started.md has no python block"
 
 
-@pytest.fixture(scope="session")
-def toy_policy_cache():
-    """Where the snippets' warm-started toy policy comes from: the tests' cache of it (``test_toy.py`` checks a cached
-    policy against a fresh build)."""
-    from _support.grpo import TOY_CACHE
-
-    return TOY_CACHE
-
-
 @pytest.mark.parametrize(("path", "index", "code"), SNIPPETS)
-def test_snippet_runs(path, index, code, toy_policy_cache, tmp_path, monkeypatch):
+def test_snippet_runs(path, index, code, tmp_path, monkeypatch):
+    """Each snippet as a script runs it; its warm-started toy policy comes from the tests' cache (``test_toy.py``
+    checks a cached policy against a fresh build)."""
     import torch
+    from _support.grpo import TOY_CACHE
 
     import trl_entropy.toy as toy
 
     original = toy.build_toy_policy
 
     def cached_build_toy_policy(seed=0, warm_start_steps=toy.TOY_WARM_START_STEPS, cache_dir=None):
-        return original(seed=seed, warm_start_steps=warm_start_steps, cache_dir=cache_dir or toy_policy_cache)
+        return original(seed=seed, warm_start_steps=warm_start_steps, cache_dir=cache_dir or TOY_CACHE)
 
     monkeypatch.setattr(toy, "build_toy_policy", cached_build_toy_policy)
     monkeypatch.chdir(tmp_path)
