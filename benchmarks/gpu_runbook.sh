@@ -9,7 +9,8 @@
 #    float64) and the Triton compile test;
 # 3. the kernel benchmark, bf16, N = 16384 at (d, V) = (4096, 151936) and (2048, 32768): naive logits, TRL's chunked
 #    head, Liger's chunked GRPO loss, the four LM-head GEMMs alone (the floor), ours (torch and triton, clamp on and
-#    off); then the AEnt reference approach (full logits + top-k on the CPU) against ours at N = 2048;
+#    off); then the AEnt reference approach (full logits + top-k on the CPU) against ours at N = 2048; then one call
+#    each of TRL's head, the GEMM floor and ours (Triton, clamp on and off) under torch.profiler (--profile);
 # 4. the trainer loss step of a random-initialised ~0.5B Qwen2-architecture model for every trainer against
 #    trl.GRPOTrainer;
 # and writes everything, with the command, the versions and the device line, to OUT/<gpu>-<date>.md (OUT defaults to
@@ -102,7 +103,7 @@ if [ "$DRY_RUN" = 1 ]; then
     KERNEL_TEST_DEVICE=cpu stage "CUDA kernel tests (dry run: on the CPU, PyTorch backend)" \
         "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py
     stage "Kernel benchmark (dry run)" "$PYTHON" benchmarks/kernel_bench.py --in-process --strict --repeats 1 \
-        --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp
+        --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp --profile 3
     stage "Trainer loss step (dry run: toy Qwen2)" "$PYTHON" benchmarks/step_bench.py --preset toy --repeats 1
 else
     stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
@@ -114,6 +115,9 @@ else
         --methods naive,trl,liger,gemm_floor,ours,ours_noclamp,ours_triton,ours_triton_noclamp
     stage "Kernel benchmark against the AEnt reference (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda \
         --dtype bf16 --repeats 1 --timeout 60 --shapes 2048,4096,151936 --methods reference,ours,ours_triton
+    stage "Kernel profile (bf16, one call each: own device time per kernel)" "$PYTHON" benchmarks/kernel_bench.py \
+        --device cuda --dtype bf16 --repeats 1 --timeout 60 --profile 12 --shapes 16384,4096,151936 \
+        --methods trl,gemm_floor,ours_triton_noclamp,ours_triton
     stage "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" "$PYTHON" benchmarks/step_bench.py \
         --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
 fi

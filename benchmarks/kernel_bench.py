@@ -291,7 +291,9 @@ def worker(args) -> None:
         step()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
+    profile = _profile(step, device, args.profile) if args.profile else []
     result = {
+        "profile": profile,
         "times_ms": [t * 1e3 for t in times],
         "cpu_ms": [t * 1e3 for t in cpu_times],
         "first_ms": first * 1e3,
@@ -299,6 +301,21 @@ def worker(args) -> None:
         "threads": torch.get_num_threads(),
     }
     print("RESULT " + json.dumps(result))
+
+
+def _profile(step, device, top):
+    """One more forward + backward under ``torch.profiler``: the ``top`` operators and kernels by their own device
+    time (CPU time on the CPU), as ``[name, calls, ms, share of the total]``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [[e.key[:70], e.count, getattr(e, attr) / 1e3, getattr(e, attr) / total] for e in events[:top]]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -336,6 +353,9 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per (shape, method)")
     parser.add_argument("--mem-limit-gib", type=float, default=16.0, help="CPU: address-space cap per worker")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="also profile one call: its N largest operators/kernels by own time"
+    )
     parser.add_argument("--json", default=None, help="also append the results to this JSON-lines file")
     parser.add_argument(
         "--in-process", action="store_true", help="run every method in this process (quick checks, no peak memory)"
@@ -379,7 +399,7 @@ def main(argv=None) -> None:
         flush=True,
     )
     print(header, flush=True)
-    failures = []
+    failures, profiles = [], []
     for shape in shapes:
         for method in methods:
             dtype = "bf16" if method == "ours_cuda_path_emulated" else args.dtype  # that path is bf16
@@ -408,6 +428,8 @@ def main(argv=None) -> None:
                 cmd += ["--chunk-size", str(args.chunk_size)]
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
+            if args.profile:
+                cmd += ["--profile", str(args.profile)]
             try:
                 proc = _run_in_process(cmd[2:]) if args.in_process else _run_subprocess(cmd, args.timeout)
                 lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -434,6 +456,13 @@ def main(argv=None) -> None:
                 f"{min(times):.0f} | {cpu} | {res['first_ms']:.0f} | {res['peak_mib']:.0f} |",
                 flush=True,
             )
+            if res["profile"]:
+                unit = "device" if args.device == "cuda" else "CPU"
+                profiles.append(f"\n| {DESCRIPTIONS[method]}, {shape}: own {unit} time | calls | ms | share |")
+                profiles.append("|---|---|---|---|")
+                profiles += [
+                    f"| `{name}` | {calls} | {ms:.1f} | {share:.0%} |" for name, calls, ms, share in res["profile"]
+                ]
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(
@@ -450,6 +479,8 @@ def main(argv=None) -> None:
                         + "\n"
                     )
 
+    if profiles:
+        print("\n".join(profiles), flush=True)
     if failures and args.strict:
         print("\n".join(failures), file=sys.stderr)
         sys.exit(1)

@@ -38,6 +38,7 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     ):
         assert f"| {method}" in text, method
     assert "| ours, torch path |" in text and "| ours, torch path, clamp 0 |" in text
+    assert "| ours, torch path, 64,16,512: own CPU time | calls | ms | share |" in text, text
     for trainer in ("trl", "base", "aent", "clip_cov", "kl_cov", "repo", "adapo"):
         assert f"\n| {trainer} | " in text, trainer
     assert "failed" not in text, text
