@@ -117,8 +117,11 @@ def headless_model(tokenizer):
 def test_a_model_the_head_cannot_score_is_rejected_before_trl_set_up(toy_tokenizer, tmp_path, given_by):
     model = headless_model(toy_tokenizer)
     if given_by == "path":
-        model.save_pretrained(tmp_path / "model")
+        # first a model with its head at the same path: the check follows the config found there, not the path
+        build_toy_model(toy_tokenizer).save_pretrained(tmp_path / "model")
         toy_tokenizer.save_pretrained(tmp_path / "model")
+        build(EntropyGRPOTrainer, str(tmp_path / "model"), toy_tokenizer, config(tmp_path))
+        model.save_pretrained(tmp_path / "model")
         model = str(tmp_path / "model")
     with pytest.raises(ValueError, match="LlamaModel has no output embedding"):
         build(EntropyGRPOTrainer, model, toy_tokenizer, config(tmp_path))

@@ -256,10 +256,22 @@ def unwrapped(model):
     return model.get_base_model() if is_peft_model(model) else model
 
 
-def weightless_model(name_or_path: str, trust_remote_code: bool = False):
-    """The model TRL would load for ``name_or_path`` (the class its config names), built on the meta device: the
-    same checks as an instance, without loading weights."""
+# (path, trust_remote_code, config as JSON) -> unsupported_head_reason of the class that config names
+_HEAD_REASONS: dict[tuple[str, bool, str], str | None] = {}
+
+
+def unsupported_head_reason_at(name_or_path: str, trust_remote_code: bool = False) -> str | None:
+    """:func:`unsupported_head_reason` for the model TRL would load from ``name_or_path`` (the class its config names),
+    checked on that class built on the meta device, without loading weights. The answer is kept per path and config
+    (a process that builds many trainers from one checkpoint builds the meta model once)."""
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    key = (str(name_or_path), trust_remote_code, config.to_json_string())
+    if key not in _HEAD_REASONS:
+        _HEAD_REASONS[key] = unsupported_head_reason(_weightless_model(config, trust_remote_code))
+    return _HEAD_REASONS[key]
+
+
+def _weightless_model(config, trust_remote_code: bool):
     architecture = getattr(transformers, (config.architectures or [""])[0], None) or AutoModelForCausalLM
     with torch.device("meta"):
         if architecture is AutoModelForCausalLM:

@@ -32,7 +32,7 @@ from .head import (
     install_entropy_head,
     score_completions,
     unsupported_head_reason,
-    weightless_model,
+    unsupported_head_reason_at,
 )
 from .objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
 from .statistics import global_token_mean, loss_step_metrics
@@ -68,7 +68,7 @@ class EntropyGRPOTrainer(TRLBridge):
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
         if isinstance(model, str):  # model_init_kwargs' trust_remote_code wins over the config's, as in TRL
             trust_remote_code = (args.model_init_kwargs or {}).get("trust_remote_code", args.trust_remote_code)
-            reason = unsupported_head_reason(weightless_model(model, trust_remote_code))
+            reason = unsupported_head_reason_at(model, trust_remote_code)
         else:
             reason = unsupported_head_reason(model)
         if reason is not None:
