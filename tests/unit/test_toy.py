@@ -230,11 +230,12 @@ def test_warm_started_policy_succeeds_sometimes(policy):
 def test_cache_round_trip_gives_identical_logits(tmp_path):
     fresh_model, fresh_tokenizer = build_toy_policy(seed=1, warm_start_steps=10)
     saved_model, _ = build_toy_policy(seed=1, warm_start_steps=10, cache_dir=tmp_path)  # miss: builds and saves
-    (folder,) = tmp_path.iterdir()
+    folder = tmp_path / f"toy_policy_v1_seed1_steps10_{cpu_path()}"
+    assert sorted(tmp_path.iterdir()) == [folder, tmp_path / (folder.name + ".lock")]  # the policy and its lock
     assert (folder / "config.json").exists() and (folder / "tokenizer.json").exists()
     mtime = (folder / "config.json").stat().st_mtime_ns
     loaded_model, loaded_tokenizer = build_toy_policy(seed=1, warm_start_steps=10, cache_dir=tmp_path)  # hit
-    assert (folder / "config.json").stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 1
+    assert (folder / "config.json").stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 2
 
     text = ["1+2=3", "19+19=38", "7+0=7"]
     batch = fresh_tokenizer(text, padding=True, return_tensors="pt")
@@ -254,9 +255,8 @@ def test_policy_warm_started_on_two_tasks_is_cached_apart(tmp_path):
     model, tokenizer = build_toy_policy(seed=3, warm_start_steps=2, cache_dir=tmp_path, operators=("+", "-"))
     path = cpu_path()
     assert path in {"default", "avx2", "avx512", "sve256", "zvector"}  # what ATEN_CPU_CAPABILITY accepts
-    assert sorted(folder.name for folder in tmp_path.iterdir()) == sorted(
-        [f"toy_policy_v1_seed3_steps2_{path}", f"toy_policy_v1_seed3_steps2_add_sub_{path}"]
-    )
+    policies = [f"toy_policy_v1_seed3_steps2_{path}", f"toy_policy_v1_seed3_steps2_add_sub_{path}"]
+    assert sorted(folder.name for folder in tmp_path.iterdir()) == sorted(policies + [p + ".lock" for p in policies])
     # The same weights as a direct warm start on both tasks' problems, which differs from the addition-only one.
     direct, _ = build_toy_policy(seed=3, warm_start_steps=2, operators=("+", "-"))
     addition_only, _ = build_toy_policy(seed=3, warm_start_steps=2)
@@ -266,11 +266,41 @@ def test_policy_warm_started_on_two_tasks_is_cached_apart(tmp_path):
         assert not torch.equal(model(**batch).logits, addition_only(**batch).logits)
 
 
+def test_concurrent_processes_warm_start_a_policy_once(tmp_path, monkeypatch):
+    import importlib
+    import multiprocessing
+
+    module = importlib.import_module("trl_entropy.toy.warm_start")
+    real, log = module._warm_start_into, tmp_path / "warm_starts.log"
+
+    def logged(*arguments):
+        with open(log, "a") as handle:
+            handle.write("warm start\n")
+        real(*arguments)
+
+    monkeypatch.setattr(module, "_warm_start_into", logged)  # the forked callers inherit it
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(2)
+
+    def caller():
+        start.wait()
+        build_toy_policy(seed=1, warm_start_steps=10, cache_dir=tmp_path / "cache")
+
+    callers = [context.Process(target=caller) for _ in range(2)]
+    for process in callers:
+        process.start()
+    for process in callers:
+        process.join(120)
+    assert [process.exitcode for process in callers] == [0, 0]
+    assert log.read_text() == "warm start\n"  # the second caller waited for the first one's copy
+    assert (tmp_path / "cache" / f"toy_policy_v1_seed1_steps10_{cpu_path()}" / "config.json").exists()
+
+
 def test_cached_tokenizer_loads_with_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
     build_toy_policy(seed=2, warm_start_steps=0, cache_dir=tmp_path)
-    (folder,) = tmp_path.iterdir()
+    folder = tmp_path / f"toy_policy_v1_seed2_steps0_{cpu_path()}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.decode(tokenizer.encode("12 + 3 = 15")) == "12 + 3 = 15"
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.padding_side) == (0, 2, "left")
