@@ -1,4 +1,4 @@
-"""Three costs of a test process that say nothing about the code under test, removed once its imports are done (the
+"""Five costs of a test process that say nothing about the code under test, removed once its imports are done (the
 pytest session after collection; each rank script before its runs).
 
 * accelerate looks up an installed package (``peft``, ``deepspeed``) by parsing its metadata file at every call of
@@ -9,6 +9,11 @@ pytest session after collection; each rank script before its runs).
   0.5 s), and ``transformers.Trainer.train`` asks for one at every start. Freezing the heap after the imports leaves
   those objects out of every later collection; what the tests create is collected as before. Whether the code under
   test frees what it should is not a question these collections answer (nothing here asserts on it).
+* Every model card TRL writes with a checkpoint looks up five installed packages' versions (``importlib.metadata``,
+  about 5 ms each); cached like accelerate's lookups.
+* On a machine without CUDA, every ``torch.manual_seed`` (transformers' ``set_seed`` makes several per trainer built
+  and per training run) queues a CUDA seed for a CUDA initialisation that cannot happen, and formats the caller's
+  stack for its error message (several ms). Without CUDA the queued seed is dropped instead.
 * Under DeepSpeed on the CPU (a launch with ``ACCELERATE_USE_DEEPSPEED=true``), DeepSpeed's communication backend
   compiles a shared-memory all-reduce kernel the first time it starts on a machine (and again for every new virtual
   environment): about 2 minutes on two cores, with both ranks waiting. Only DeepSpeed's inference all-reduce uses
@@ -23,9 +28,16 @@ import os
 
 
 def lighten() -> None:
-    """Cache accelerate's installed-package lookups, skip DeepSpeed's shared-memory kernel build and freeze the
-    objects created so far (see the module)."""
+    """Cache the installed-package lookups, drop CUDA seeds on a machine without CUDA, skip DeepSpeed's shared-memory
+    kernel build and freeze the objects created so far (see the module)."""
     import accelerate.utils.imports
+    import torch.cuda.random
+    import trl.trainer.utils
+
+    if not hasattr(trl.trainer.utils.version, "cache_info"):
+        trl.trainer.utils.version = functools.cache(trl.trainer.utils.version)
+    if not torch.cuda.is_available():
+        torch.cuda.random._lazy_call = _drop_cuda_call
 
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         import deepspeed.ops
@@ -40,3 +52,7 @@ def lighten() -> None:
         atexit.register(gc.unfreeze)
     gc.collect()
     gc.freeze()
+
+
+def _drop_cuda_call(callable, **kwargs) -> None:
+    """``torch.cuda._lazy_call`` where CUDA is unavailable: the call could never run."""
