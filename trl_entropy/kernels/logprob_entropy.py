@@ -42,9 +42,6 @@ CHUNK_BYTES_CUDA = 256 << 20
 # Width of the vocabulary tiles when the weight must be upcast to fp32 for the matmul (bf16/fp16 weights without a
 # matmul that writes fp32): bounds the fp32 copy of the weight tile.
 UPCAST_TILE_BYTES = 32 << 20
-# The bf16/fp16 CUDA path keeps the rounded dL/dy of up to this many bytes of whole chunks for each weight-gradient
-# accumulation (see `_recompute_and_accumulate`).
-WEIGHT_GRAD_GROUP_BYTES = 1 << 30
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -247,20 +244,8 @@ def _backward_coefficients(saved, g_lp, g_h, g_c, k):
     return {name: t.contiguous() for name, t in coef.items()}
 
 
-def _weight_grad_group_rows(chunk_size: int, n_tokens: int, vocab: int, element_size: int) -> int:
-    """Rows of rounded ``dL/dy`` kept before each weight-gradient accumulation on the bf16/fp16 CUDA path: whole
-    chunks, up to ``WEIGHT_GRAD_GROUP_BYTES``."""
-    chunks = max(1, WEIGHT_GRAD_GROUP_BYTES // (element_size * vocab * chunk_size))
-    return min(n_tokens, chunks * chunk_size)
-
-
 def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all, grad_h, grad_w, grad_b):
-    """The backward's chunk loop: recompute each chunk's ``z``, turn it into ``dL/dy``, accumulate the gradients.
-
-    On the bf16/fp16 CUDA path the rounded ``dL/dy`` of a group of chunks is kept and the weight gradient is
-    accumulated once per group, from all of its rows: each accumulation reads and writes the whole fp32 ``V x d``
-    gradient, which at one accumulation per chunk cost about 40 % of the backward's GEMM time (docs/kernel.md).
-    """
+    """The backward's chunk loop: recompute each chunk's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
     device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
     logit_map, chunk_size, tile = ctx.logit_map, ctx.chunk_size, ctx.tile
     fast, full_precision = ctx.fast, ctx.full_precision
@@ -270,15 +255,10 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
     zbuf = torch.empty(numel, device=device, dtype=torch.float32)
     work = torch.empty(3 * numel, device=device, dtype=torch.float32) if ctx.backend == "torch" else None
     dtanh_buf = torch.empty(numel, device=device, dtype=torch.float32) if logit_map.softcap is not None else None
-    grouped = fast and grad_w is not None  # the fast path has whole rows: tile == vocab
-    group_rows = _weight_grad_group_rows(chunk_size, n_tokens, vocab, weight.element_size()) if grouped else rows_max
-    half_buf = torch.empty(group_rows * min(tile, vocab), device=device, dtype=weight.dtype) if fast else None
-    group_start = 0
+    half_buf = torch.empty(numel, device=device, dtype=weight.dtype) if fast else None
     for r0 in range(0, n_tokens, chunk_size):
         r1 = min(r0 + chunk_size, n_tokens)
         n = r1 - r0
-        if not grouped:
-            group_start = r0
         h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
         coef = {name: t[r0:r1] for name, t in coef_all.items()}
         tgt = targets[r0:r1]
@@ -292,22 +272,16 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
             g = ops.grad_tile(z, v0, tgt, coef, work)  # dL/dz
             if dtanh is not None:
                 g.mul_(dtanh)
-            offset = (r0 - group_start) * width
             _accumulate_grads(
                 g,
                 h,
                 w,
                 grad_h[r0:r1] if grad_h is not None else None,
-                grad_w[v0:v1] if grad_w is not None and not grouped else None,
+                grad_w[v0:v1] if grad_w is not None else None,
                 grad_b[v0:v1] if grad_b is not None else None,
                 logit_map.grad_scale,
-                half_buf[offset : offset + n * width].view(n, width) if half_buf is not None else None,
+                half_buf[: n * width].view(n, width) if half_buf is not None else None,
             )
-        if grouped and (r1 == n_tokens or r1 + chunk_size - group_start > group_rows):
-            rows = r1 - group_start
-            g_rows = half_buf[: rows * vocab].view(rows, vocab)
-            torch.addmm(grad_w, g_rows.t(), hidden[group_start:r1], out_dtype=torch.float32, out=grad_w)
-            group_start = r1
 
 
 # --------------------------------------------------------------------------------------------------------------------
