@@ -25,6 +25,7 @@ import atexit
 import functools
 import gc
 import os
+import sys
 
 
 def lighten() -> None:
@@ -32,10 +33,10 @@ def lighten() -> None:
     kernel build and freeze the objects created so far (see the module)."""
     import accelerate.utils.imports
     import torch.cuda.random
-    import trl.trainer.utils
 
-    if not hasattr(trl.trainer.utils.version, "cache_info"):
-        trl.trainer.utils.version = functools.cache(trl.trainer.utils.version)
+    model_cards = sys.modules.get("trl.trainer.utils")  # not imported here for a process that never uses TRL
+    if model_cards is not None and not hasattr(model_cards.version, "cache_info"):
+        model_cards.version = functools.cache(model_cards.version)
     if not torch.cuda.is_available():
         torch.cuda.random._lazy_call = _drop_cuda_call
 
