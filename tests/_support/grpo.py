@@ -64,6 +64,11 @@ def toy_config(config_class, output_dir="unused", **options):
     return config_class(**{"output_dir": str(output_dir), "report_to": [], "use_cpu": True, "bf16": False, **options})
 
 
+# The command line of a one-step toy run (`trl-entropy train`, examples/train.py). Seed 0 trains from the seed-0 toy
+# policy, the one the suite's cache (`TOY_CACHE`) already holds.
+ONE_STEP_RUN = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4"]
+ONE_STEP_RUN += ["--logging_steps", "1", "--seed", "0"]
+
 # The micro-batch of the hand-driven loss-step tests: 4 completions of one prompt, at most 6 tokens.
 SMALL_BATCH = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
 

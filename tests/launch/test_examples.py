@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support.grpo import TOY_CACHE
+from _support.grpo import ONE_STEP_RUN, TOY_CACHE
 from _support.methods import METHOD_METRIC
 
 import trl_entropy.scripts.train as train_script
@@ -34,9 +34,6 @@ from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, cpu_path, to
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
-# A one-step run; seed 0 trains from the seed-0 toy policy, the one the suite's cache already holds.
-TINY = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
-TINY += ["--seed", "0"]
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +86,7 @@ def write_yaml_case(folder: Path, toy_cache: str) -> list[str]:
     return [
         "--config",
         str(config),
-        *TINY,
+        *ONE_STEP_RUN,
         "--output_dir",
         str(output_dir),
         "--toy_policy_cache",
@@ -116,7 +113,7 @@ def write_real_model_case(folder: Path, toy_cache: str) -> list[str]:
     dataset = write_jsonl(folder / "gsm", rows)
     arguments = ["--method", "aent", "--model_name_or_path", str(folder / "model"), "--dataset_name", dataset]
     arguments += ["--use_cpu", "--report_to", "none", "--max_completion_length", "8"]
-    return [*arguments, *TINY, "--output_dir", str(folder / "out_real")]
+    return [*arguments, *ONE_STEP_RUN, "--output_dir", str(folder / "out_real")]
 
 
 def write_image_questions(folder: Path, rows: int = 8) -> str:
@@ -145,7 +142,7 @@ def write_real_vlm_case(folder: Path) -> list[str]:
     dataset = write_image_questions(folder / "image_questions")
     arguments = ["--method", "aent", "--model_name_or_path", str(folder / "vlm"), "--dataset_name", dataset]
     arguments += ["--dataset_image_column", "picture", "--use_cpu", "--report_to", "none"]
-    return [*arguments, "--max_completion_length", "8", *TINY, "--output_dir", str(folder / "out_vlm")]
+    return [*arguments, "--max_completion_length", "8", *ONE_STEP_RUN, "--output_dir", str(folder / "out_vlm")]
 
 
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
@@ -158,9 +155,9 @@ def cli_runs(toy_cache, tmp_path_factory):
     local math dataset, a vision-language model on local image questions, and the errors of ``CLI_ERRORS`` run as a
     process (``error:<case>``)."""
     folder = tmp_path_factory.mktemp("cli")
-    runs = [(f"method:{m}", ["--method", m, *TINY, "--toy_policy_cache", toy_cache]) for m in sorted(METHODS)]
+    runs = [(f"method:{m}", ["--method", m, *ONE_STEP_RUN, "--toy_policy_cache", toy_cache]) for m in sorted(METHODS)]
     runs.append(("yaml", write_yaml_case(folder, toy_cache)))
-    runs.append(("lora", ["--method", "repo_r", *TINY, *LORA, "--toy_policy_cache", toy_cache]))
+    runs.append(("lora", ["--method", "repo_r", *ONE_STEP_RUN, *LORA, "--toy_policy_cache", toy_cache]))
     runs.append(("real_model", write_real_model_case(folder, toy_cache)))
     runs.append(("real_vlm", write_real_vlm_case(folder)))
     runs += [(f"error:{case}", fill(CLI_ERRORS[case][0], folder, "")) for case in PROCESS_ERRORS]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _support.distributed_run import ADAPTIVE_METHODS
-from _support.grpo import SMALL_BATCH, TOY_CACHE, make_grpo_batch, toy_config
+from _support.grpo import ONE_STEP_RUN, SMALL_BATCH, TOY_CACHE, make_grpo_batch, toy_config
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
@@ -338,10 +338,8 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
     assert Path(imported).is_relative_to(site_packages) and not Path(imported).is_relative_to(ROOT), imported
 
     command = venv / "bin" / "trl-entropy"  # the console script the wheel declares
-    tiny = ["--max_steps", "1", "--per_device_train_batch_size", "8", "--num_generations", "4", "--logging_steps", "1"]
-    tiny += ["--seed", "0"]  # the seed-0 toy policy, which the suite's cache holds
     method = ADAPTIVE_METHODS[0]
-    train = [command, "train", "--method", method, *tiny, "--toy_policy_cache", str(TOY_CACHE)]
+    train = [command, "train", "--method", method, *ONE_STEP_RUN, "--toy_policy_cache", str(TOY_CACHE)]
     trained = subprocess.run(train, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stderr[-4000:]
     assert f"trl-entropy train: saved the model to outputs/{method}-toy" in trained.stderr
