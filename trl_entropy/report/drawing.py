@@ -103,6 +103,8 @@ def draw_report(report: Report, smoothing: int | None) -> None:
             frameon=False,
         )
     figure.tight_layout(rect=(0, 0, 1, 1 - header / height))
+    # The layout is final: without this, savefig draws the whole figure once more for the engine tight_layout leaves.
+    figure.set_layout_engine(None)
     figure.savefig(report.png, dpi=80)
     report.panels = [axis.get_title() for axis in figure.axes if axis.get_title()]
     plt.close(figure)
