@@ -1,5 +1,6 @@
 """Five costs of a test process that say nothing about the code under test, removed once its imports are done (the
-pytest session after collection; each rank script before its runs).
+pytest session after collection; each rank script before its runs), and :func:`run_forked`, which spares a child
+process the imports.
 
 * accelerate looks up an installed package (``peft``, ``deepspeed``) by parsing its metadata file at every call of
   ``is_peft_model`` and ``extract_model_from_parallel``: about 4 ms each, several per trainer built and per scoring
@@ -57,3 +58,31 @@ def lighten() -> None:
 
 def _drop_cuda_call(callable, **kwargs) -> None:
     """``torch.cuda._lazy_call`` where CUDA is unavailable: the call could never run."""
+
+
+def run_forked(function, *args, timeout: float = 600) -> tuple[int, str]:
+    """Run ``function(*args)`` in a child forked from this process: it starts with the imports paid (a fresh
+    interpreter spends about 10 s of CPU on torch, transformers and TRL), and nothing it patches reaches this process.
+    Returns the child's exit code (0 when the function returned, 1 when it raised, -N when signal N ended it) and what
+    it printed, its traceback included."""
+    import multiprocessing
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        log = os.path.join(folder, "output.txt")
+
+        def child():
+            sys.stdout = sys.stderr = open(log, "w", buffering=1)  # noqa: SIM115 (open until the child exits)
+            os.dup2(sys.stdout.fileno(), 1)
+            os.dup2(sys.stdout.fileno(), 2)
+            function(*args)
+
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise TimeoutError(f"{function.__name__} did not end within {timeout} s:\n{open(log).read()[-3000:]}")
+        with open(log) as output:
+            return process.exitcode, output.read()

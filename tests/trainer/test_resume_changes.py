@@ -14,10 +14,7 @@ import logging
 import os
 import re
 import signal
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +22,7 @@ import safetensors.torch
 import torch
 import transformers
 from _support import resume
-from _support.distributed_run import checkout_package_path
+from _support.process import run_forked
 from _support.resume import STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 
 from trl_entropy.core.checkpoint import (
@@ -41,7 +38,6 @@ from trl_entropy.methods.repo import REPOController
 from trl_entropy.toy import build_toy_model
 
 
-TESTS = Path(__file__).resolve().parents[1]  # on the rank scripts' sys.path: _support imports from there
 TRAINERS = {
     "aent": "AEntTrainer",
     "repo_r": "REPOTrainer",
@@ -294,27 +290,23 @@ POINTS = {
     "after_the_trainer_state": (transformers.trainer, "rotate_checkpoints"),
 }
 
-# A real SIGKILL inside the optimizer write of checkpoint-3 (half of optimizer.pt on disk).
-KILL_SCRIPT = """
-import os, signal, sys
-sys.path.insert(0, sys.argv[1])
-import torch, transformers
-from _support.resume import train
-from _support.process import lighten
-lighten()
-save = torch.save
-def killing_save(obj, f, *args, **kwargs):
-    if isinstance(f, str) and f.endswith(os.path.join("checkpoint-3", "optimizer.pt")):
-        with open(f, "wb") as file:
-            file.write(b"half an optimizer")
-            file.flush()
-            os.fsync(file.fileno())
-        os.kill(os.getpid(), signal.SIGKILL)
-    return save(obj, f, *args, **kwargs)
-torch.save = killing_save
-transformers.trainer.torch.save = killing_save
-train("repo_r", sys.argv[2], sys.argv[3])
-"""
+
+def train_killed_inside_the_optimizer_write(path: str, output_dir: str) -> None:
+    """Train REPO-R and, when the save of checkpoint-3 writes optimizer.pt, write half of it and SIGKILL this
+    process."""
+    save = torch.save
+
+    def killing_save(obj, f, *args, **kwargs):
+        if isinstance(f, str) and f.endswith(os.path.join("checkpoint-3", "optimizer.pt")):
+            with open(f, "wb") as file:
+                file.write(b"half an optimizer")
+                file.flush()
+                os.fsync(file.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = transformers.trainer.torch.save = killing_save
+    train("repo_r", path, output_dir)
 
 
 def check_resume_from_the_last_complete(straight_runs, path, output_dir):
@@ -338,20 +330,9 @@ def test_interrupted_save_is_skipped_on_resume(point, straight_runs, warm_toy_po
 
 
 def test_kill_inside_the_optimizer_write_is_skipped_on_resume(straight_runs, warm_toy_policy_path, tmp_path):
-    script = tmp_path / "kill.py"
-    script.write_text(KILL_SCRIPT)
     output_dir = str(tmp_path / "run")
-    environment = dict(
-        os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=checkout_package_path(tmp_path)
-    )
-    done = subprocess.run(
-        [sys.executable, str(script), str(TESTS), warm_toy_policy_path, output_dir],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    status, printed = run_forked(train_killed_inside_the_optimizer_write, warm_toy_policy_path, output_dir)
+    assert status == -signal.SIGKILL, printed[-3000:]
     assert open(os.path.join(output_dir, "checkpoint-3", "optimizer.pt"), "rb").read() == b"half an optimizer"
     check_resume_from_the_last_complete(straight_runs, warm_toy_policy_path, output_dir)
 

@@ -1,13 +1,12 @@
 """What every trainer offers as a drop-in `trl.GRPOTrainer`: a plain `GRPOConfig` as `args`, and `evaluate()`."""
 
 import logging
-import subprocess
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
+from _support.process import run_forked
 from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
 
@@ -110,43 +109,45 @@ def test_evaluate_works_for_every_method_and_moves_no_controller(
 
 
 # Liger patches transformers' model modules for the whole process (its RMSNorm class, RoPE function...), and its Triton
-# kernels do not run on the CPU: the check runs in a process of its own.
-LIGER_CHECK = """
-import os, sys
-from transformers.integrations.liger import apply_liger_kernel
-from trl_entropy.methods import METHODS
-from trl_entropy.toy import build_toy_dataset, toy_reward
-
-for name in sys.argv[1].split(","):
-    spec = METHODS[name]
-    trainer = spec.trainer_class(
-        model=sys.argv[2],
-        reward_funcs=toy_reward,
-        args=spec.config_class(
-            output_dir=os.path.join(sys.argv[3], name), use_liger_kernel=True, per_device_train_batch_size=8,
-            num_generations=4, report_to=[], use_cpu=True, bf16=False,
-        ),
-        train_dataset=build_toy_dataset(8),
-    )
-    assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
-    head_forward = trainer.model.forward.__func__
-    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)  # what `Trainer.train` does first
-    assert trainer.model.model.norm.forward.__func__.__qualname__ == "LigerRMSNorm.forward", "Liger was not applied"
-    assert trainer.model.forward.__func__ is head_forward, "the entropy head was replaced"
-    print(f"{name}: entropy head kept", flush=True)
-"""
+# kernels do not run on the CPU: the check runs in a child process.
 LIGER_METHODS = ("grpo", "aent")
+
+
+def check_liger_keeps_the_entropy_head(model_path: str, output_dir: str) -> None:
+    """Build each method of LIGER_METHODS with ``use_liger_kernel=True``, apply Liger as ``Trainer.train`` does first,
+    and print ``<method>: entropy head kept`` where the model's forward is still the entropy head."""
+    from transformers.integrations.liger import apply_liger_kernel
+
+    for name in LIGER_METHODS:
+        spec = METHODS[name]
+        trainer = spec.trainer_class(
+            model=model_path,
+            reward_funcs=toy_reward,
+            args=spec.config_class(
+                output_dir=str(Path(output_dir) / name),
+                use_liger_kernel=True,
+                per_device_train_batch_size=8,
+                num_generations=4,
+                report_to=[],
+                use_cpu=True,
+                bf16=False,
+            ),
+            train_dataset=build_toy_dataset(8),
+        )
+        assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
+        head_forward = trainer.model.forward.__func__
+        apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
+        norm = trainer.model.model.norm.forward.__func__
+        assert norm.__qualname__ == "LigerRMSNorm.forward", "Liger was not applied"
+        assert trainer.model.forward.__func__ is head_forward, "the entropy head was replaced"
+        print(f"{name}: entropy head kept", flush=True)
 
 
 @pytest.fixture(scope="module")
 def liger_check(toy_model_path, tmp_path_factory):
-    """The check above for every method of LIGER_METHODS, in one process of its own."""
-    folder = tmp_path_factory.mktemp("liger")
-    return subprocess.run(
-        [sys.executable, "-c", LIGER_CHECK, ",".join(LIGER_METHODS), toy_model_path, str(folder)],
-        capture_output=True,
-        text=True,
-    )
+    """What the check above printed, run once for every method of LIGER_METHODS."""
+    _, printed = run_forked(check_liger_keeps_the_entropy_head, toy_model_path, str(tmp_path_factory.mktemp("liger")))
+    return printed
 
 
 @pytest.mark.parametrize("method", LIGER_METHODS)
@@ -154,7 +155,7 @@ def test_liger_layer_kernels_keep_the_entropy_head(method, liger_check):
     """`use_liger_kernel=True`: transformers applies Liger's layer kernels when training starts; the model's forward
     must stay the entropy head (TRL turns Liger's fused linear cross-entropy off for that). Liger's Triton kernels do
     not run on the CPU, even under the Triton interpreter, so this checks the wiring only."""
-    assert f"{method}: entropy head kept" in liger_check.stdout.splitlines(), liger_check.stderr[-3000:]
+    assert f"{method}: entropy head kept" in liger_check.splitlines(), liger_check[-3000:]
 
 
 # What each trainer's model card must say: the method, its paper (title and arXiv id) and its tag; the base is GRPO.
