@@ -55,10 +55,16 @@ def logged_metrics(output: str) -> dict[str, str]:
 
 
 # One launch runs examples/train.py as a script (run as __main__, exactly as from the command line) once per case, in
-# one interpreter: the imports are paid once. Each case's output is delimited by a header line on both streams.
+# one interpreter: the imports are paid once, and lightened as a test process's are (`_support/process.py`: every
+# training run ends with a full garbage collection, 0.5 s over the imported objects). Each case's output is delimited
+# by a header line on both streams.
 CLI_DRIVER = """
 import json, runpy, sys, traceback
-train, runs, results = sys.argv[1:]
+train, runs, results, tests = sys.argv[1:]
+sys.path.append(tests)
+import trl_entropy.scripts.train  # what train.py runs
+from _support.process import lighten
+lighten()
 status = {}
 for name, arguments in json.load(open(runs)):
     for stream in (sys.stdout, sys.stderr):
@@ -163,7 +169,7 @@ def cli_runs(toy_cache, tmp_path_factory):
     runs += [(f"error:{case}", fill(CLI_ERRORS[case][0], folder, "")) for case in PROCESS_ERRORS]
     (folder / "runs.json").write_text(json.dumps(runs))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_DISABLED="true")
-    command = [sys.executable, "-c", CLI_DRIVER, str(TRAIN), "runs.json", "status.json"]
+    command = [sys.executable, "-c", CLI_DRIVER, str(TRAIN), "runs.json", "status.json", str(ROOT / "tests")]
     launched = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
     status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {}
 
