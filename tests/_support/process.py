@@ -10,15 +10,14 @@ process the imports.
   0.5 s), and ``transformers.Trainer.train`` asks for one at every start. Freezing the heap after the imports leaves
   those objects out of every later collection; what the tests create is collected as before. Whether the code under
   test frees what it should is not a question these collections answer (nothing here asserts on it).
+* That collection (accelerate's ``free_memory``, which then empties the device's cache) still walks what the tests'
+  fixtures hold: 60 to 80 ms per run, a tenth of an in-process training test. It is there to hand device memory
+  back; without CUDA there is none, so it is left out, and Python's own generational collections run as usual.
 * Every model card TRL writes with a checkpoint looks up five installed packages' versions (``importlib.metadata``,
   about 5 ms each); cached like accelerate's lookups.
 * On a machine without CUDA, every ``torch.manual_seed`` (transformers' ``set_seed`` makes several per trainer built
   and per training run) queues a CUDA seed for a CUDA initialisation that cannot happen, and formats the caller's
   stack for its error message (several ms). Without CUDA the queued seed is dropped instead.
-* Every ``Trainer.train`` ends with accelerate's ``free_memory``, which runs a full garbage collection before it
-  empties the device's cache: 60 to 80 ms per run over what the tests' fixtures hold, a tenth of an in-process
-  training test. The collection is there to hand device memory back; without CUDA there is none, so the collection is
-  left out and Python's own generational collections run as usual.
 * Under DeepSpeed on the CPU (a launch with ``ACCELERATE_USE_DEEPSPEED=true``), DeepSpeed's communication backend
   compiles a shared-memory all-reduce kernel the first time it starts on a machine (and again for every new virtual
   environment): about 2 minutes on two cores, with both ranks waiting. Only DeepSpeed's inference all-reduce uses

@@ -56,8 +56,8 @@ def logged_metrics(output: str) -> dict[str, str]:
 
 # One launch runs examples/train.py as a script (run as __main__, exactly as from the command line) once per case, in
 # one interpreter: the imports are paid once, and lightened as a test process's are (`_support/process.py`: every
-# training run ends with a full garbage collection, 0.5 s over the imported objects). Each case's output is delimited
-# by a header line on both streams.
+# training run starts with a full garbage collection, 0.5 s over the imported objects). Each case's output is
+# delimited by a header line on both streams.
 CLI_DRIVER = """
 import json, runpy, sys, traceback
 train, runs, results, tests = sys.argv[1:]
