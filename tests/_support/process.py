@@ -30,6 +30,7 @@ import functools
 import gc
 import os
 import sys
+from pathlib import Path
 
 
 def lighten() -> None:
@@ -97,9 +98,11 @@ def run_forked(function, *args, timeout: float = 600) -> tuple[int, str]:
         process = multiprocessing.get_context("fork").Process(target=child)
         process.start()
         process.join(timeout)
-        if process.exitcode is None:
+        timed_out = process.exitcode is None
+        if timed_out:
             process.kill()
             process.join()
-            raise TimeoutError(f"{function.__name__} did not end within {timeout} s:\n{open(log).read()[-3000:]}")
-        with open(log) as output:
-            return process.exitcode, output.read()
+        printed = Path(log).read_text()
+    if timed_out:
+        raise TimeoutError(f"{function.__name__} did not end within {timeout} s:\n{printed[-3000:]}")
+    return process.exitcode, printed

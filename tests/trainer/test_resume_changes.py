@@ -305,7 +305,7 @@ def train_killed_inside_the_optimizer_write(path: str, output_dir: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return save(obj, f, *args, **kwargs)
 
-    torch.save = transformers.trainer.torch.save = killing_save
+    torch.save = killing_save  # Trainer writes optimizer.pt through torch.save
     train("repo_r", path, output_dir)
 
 

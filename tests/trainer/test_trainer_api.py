@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support.grpo import toy_config
 from _support.process import run_forked
 from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
@@ -123,14 +124,12 @@ def check_liger_keeps_the_entropy_head(model_path: str, output_dir: str) -> None
         trainer = spec.trainer_class(
             model=model_path,
             reward_funcs=toy_reward,
-            args=spec.config_class(
-                output_dir=str(Path(output_dir) / name),
+            args=toy_config(
+                spec.config_class,
+                Path(output_dir) / name,
                 use_liger_kernel=True,
                 per_device_train_batch_size=8,
                 num_generations=4,
-                report_to=[],
-                use_cpu=True,
-                bf16=False,
             ),
             train_dataset=build_toy_dataset(8),
         )
