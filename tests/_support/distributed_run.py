@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from _support.process import lighten  # noqa: E402
+from _support.rounding import ControllerBounds, check, check_per_update  # noqa: E402
 from trl_entropy.core.trainer import EntropyGRPOTrainer  # noqa: E402
 from trl_entropy.methods import METHODS  # noqa: E402
 
@@ -120,11 +121,27 @@ def controller_value(trainer) -> float | tuple[float, ...] | None:
 
 
 class ControllerRecorder(TrainerCallback):
-    """Records, after every optimizer step, the controller value this rank holds."""
+    """Records, after every optimizer step, the controller value this rank holds, and each statistic every controller
+    received (``statistics``: ``{controller name: [the statistic of each update]}``, in the controllers' order);
+    ``moved_by_method`` names the controllers their method moves at every micro-batch."""
 
     def __init__(self, trainer):
         self.trainer = trainer
         self.values: list[float | None] = []
+        self.statistics: dict[str, list[float]] = {}
+        controllers = getattr(trainer, "controllers", None) or {}
+        self.moved_by_method = [name for name, controller in controllers.items() if controller.statistic is None]
+        for name, controller in controllers.items():
+            self.statistics[name] = []
+            controller.update = self.recording(controller.update, self.statistics[name])
+
+    @staticmethod
+    def recording(update, received: list[float]):
+        def recording_update(mean_statistic: float, step: int) -> None:
+            received.append(float(mean_statistic))
+            update(mean_statistic, step)
+
+        return recording_update
 
     @classmethod
     def attached_to(cls, trainer) -> "ControllerRecorder":
@@ -418,6 +435,8 @@ def run(
         "num_processes": trainer.accelerator.num_processes,
         "rank": rank,
         "controller": recorder.values,
+        "statistics": recorder.statistics,
+        "moved_by_method": recorder.moved_by_method,
         "loss": logged(trainer, "loss"),
         "entropy": logged(trainer, "entropy"),
         "reward": logged(trainer, "reward"),
@@ -525,6 +544,35 @@ def read_record(folder, method: str, rank: int = 0) -> tuple[dict, dict]:
     with open(os.path.join(folder, f"{method}_rank{rank}.json")) as file:
         record = json.load(file)
     return record, torch.load(os.path.join(folder, f"{method}_rank{rank}.pt"))
+
+
+def controller_steps(record) -> list[tuple[float, ...]]:
+    """The controller values after each step, as tuples (one value per controller of the run)."""
+    return [tuple(value) if isinstance(value, list) else (value,) for value in record["controller"]]
+
+
+def check_controllers(kind: str, method: str, two: dict, one: dict, bounds: ControllerBounds) -> None:
+    """Two records' controllers, each on its own: the statistic it received at every update within
+    ``bounds.statistic``, and its value after ``k`` updates within ``k`` times its per-update bound
+    (``bounds.moved_by_method`` for a controller its method moves at every micro-batch, ``bounds.cycle`` for the
+    others). ``kind`` and ``method`` name the comparisons."""
+    names = list(one["statistics"])
+    assert list(two["statistics"]) == names and names, "no controller recorded"
+    for index, name in enumerate(names):
+        received, expected = two["statistics"][name], one["statistics"][name]
+        assert len(expected) == len(one["controller"]), "one update per step"
+        for update, (two_value, one_value) in enumerate(zip(received, expected, strict=True)):
+            check(f"{kind} statistic[{name}] #{update + 1}", two_value, one_value, bounds.statistic)
+        per_update = bounds.moved_by_method if name in one["moved_by_method"] else bounds.cycle
+        values = [[step[index] for step in controller_steps(record)] for record in (two, one)]
+        check_per_update(f"{kind} controller[{method}:{name}]", *values, per_update)
+
+
+def paired_weights(first: dict, second: dict) -> tuple[list, list]:
+    """The two runs' weights, each in name order, for ``rounding.check``."""
+    assert first.keys() == second.keys()
+    names = sorted(first)
+    return [first[name] for name in names], [second[name] for name in names]
 
 
 def beside_two_processes(job, two, one, methods, run_one_process) -> dict:

@@ -44,6 +44,8 @@ def run(family: str, method: str, out: str, per_device_batch_size: int, steps: i
         "num_processes": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type.value),
         "controller": recorder.values,
+        "statistics": recorder.statistics,
+        "moved_by_method": recorder.moved_by_method,
         **{key: logged(trainer, key) for key in ("loss", "entropy", "reward", "grad_norm")},
     }
     os.makedirs(out, exist_ok=True)

@@ -33,6 +33,7 @@ from _support.distributed_run import (
     make_trainer,
 )
 from _support.grpo import make_grpo_batch, naive_entropy, toy_dataset
+from _support.rounding import Bound, check, check_per_update
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.methods import METHODS, get_method
@@ -57,6 +58,33 @@ METHOD_OPTIONS = {
     # tokens out of their band.
     **{name: {"num_iterations": 2} for name in ROLLOUT_ENTROPY_METHODS},
 }
+# One micro-batch against two halves sums in another order. Each bound: the largest difference measured on
+# ATEN_CPU_CAPABILITY=default, avx2 and avx512 (one AMD EPYC), the margin, and what two planted bugs produce
+# (tests/_support/rounding.py measures both): a window-local controller statistic (each micro-batch's sums replacing
+# the window's), and an undivided accumulation (each half's loss not divided by the accumulation steps).
+# The loss step driven directly, on the same weights:
+# the loss 2.6e-7 relative, margin 38; window-local 3.8e-4, undivided 1.3.
+STEP_LOSS = Bound(rel=1e-5, abs=1e-7)
+# each gradient 0.19 of this bound (near-zero entries: 1.5e-7 absolute), margin 5.4; window-local 3.2 times it,
+# undivided 1.1e4 times.
+GRADIENT = Bound(rel=1e-4, abs=1e-7)
+# the controllers' states 7.7e-8 relative (AEnt's λ), margin 13; window-local 1.5e-3.
+STATE = Bound(rel=1e-6, abs=1e-12)
+# Three optimizer steps of the training loop (SGD), whose weights then differ by rounding:
+# the statistic at each update 1.5e-7 relative, margin 13; window-local 5.5e-3, undivided 5.7e-5 from the second
+# update on (the first sees the same weights).
+TRAINING_STATISTIC = Bound(rel=2e-6)
+# the controller after k updates, per update: 2.3e-8 relative, margin 13; window-local 2.6e-3, undivided 4.6e-6.
+TRAINING_CONTROLLER = Bound(rel=3e-7, abs=1e-12)
+# a gate's kept fraction: 0 on every path (a fraction of whole tokens); neither bug changes the gate.
+METRIC = Bound(rel=1e-5, abs=1e-7)
+# the logged loss 0.021 of this bound (3.6e-7 absolute, on losses near 0), margin 49; window-local 17 times it,
+# undivided 1e4 times.
+TRAINING_LOSS = Bound(rel=1e-4, abs=1e-6)
+# the logged entropy 3.1e-7 relative, margin 33; undivided 1.0e-4 (window-local leaves it: the statistic catches it).
+TRAINING_ENTROPY = Bound(rel=1e-5)
+# the weights 0.015 of this bound, margin 67; undivided 18 times it (window-local 0.16: the statistic catches it).
+TRAINING_WEIGHTS = Bound(rel=1e-5, abs=1e-6)
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 CASES = [
     (case, loss_type)
@@ -131,12 +159,12 @@ def controller_states(trainer):
     return states
 
 
-def assert_states_close(actual, expected):
+def assert_states_close(actual, expected, case: str):
     assert actual.keys() == expected.keys()
     for name in expected:
         for key, value in expected[name].items():
             if isinstance(value, float):
-                assert actual[name][key] == pytest.approx(value, rel=1e-6, abs=1e-12), (name, key)
+                check(f"layout {name}/{key}[{case}]", actual[name][key], value, STATE)
             else:
                 assert actual[name][key] == value, (name, key)
 
@@ -150,12 +178,12 @@ def test_half_micro_batches_reproduce_one_micro_batch(case, loss_type, toy_model
         inputs = batch(one.model, len(toy_tokenizer), seed)
         loss_one, grads_one = window(one, [inputs], step)
         loss_two, grads_two = window(two, [half(inputs, 0), half(inputs, 1)], step)
-        assert loss_two == pytest.approx(loss_one, rel=1e-5, abs=1e-7)
+        check(f"layout loss[{case}-{loss_type}]", loss_two, loss_one, STEP_LOSS)
         assert grads_one.keys() == grads_two.keys()
         assert any(g.abs().max() > 0 for g in grads_one.values())
         for name in grads_one:
-            torch.testing.assert_close(grads_two[name], grads_one[name], rtol=1e-4, atol=1e-7, msg=name)
-        assert_states_close(controller_states(two), controller_states(one))
+            check(f"layout gradient[{case}-{loss_type}]", grads_two[name], grads_one[name], GRADIENT)
+        assert_states_close(controller_states(two), controller_states(one), f"{case}-{loss_type}")
     if initial:
         assert controller_states(one) != initial, "no controller moved: the comparison would be vacuous"
 
@@ -180,21 +208,28 @@ def test_training_with_accumulation_reproduces_training_without(method, warm_toy
         )
         recorder = ControllerRecorder.attached_to(trainer)
         trainer.train()
-        runs.append((trainer, recorder.values))
-    (one, one_values), (two, two_values) = runs
+        runs.append((trainer, recorder))
+    (one, one_recorder), (two, two_recorder) = runs
+    one_values, two_values = one_recorder.values, two_recorder.values
     assert len(one_values) == 3
     if method in ADAPTIVE_METHODS:
         assert len(set(one_values)) > 1
-        assert two_values == pytest.approx(one_values, rel=1e-6, abs=1e-12)
+        (one_statistics,) = one_recorder.statistics.values()
+        (two_statistics,) = two_recorder.statistics.values()
+        assert len(one_statistics) == 3
+        for update, (two_value, one_value) in enumerate(zip(two_statistics, one_statistics, strict=True)):
+            check(f"layout training statistic[{method}] #{update + 1}", two_value, one_value, TRAINING_STATISTIC)
+        check_per_update(f"layout training controller[{method}]", two_values, one_values, TRAINING_CONTROLLER)
     else:
         assert one_values == two_values == [None] * 3  # no controller
     for metric in get_method(method).metrics if method in ROLLOUT_ENTROPY_METHODS else ():
-        assert logged(two, metric.key) == pytest.approx(logged(one, metric.key), rel=1e-5, abs=1e-7), metric.key
+        check(f"layout training {metric.key}[{method}]", logged(two, metric.key), logged(one, metric.key), METRIC)
         assert len(set(logged(one, metric.key))) > 1, f"{metric.key} never moved: the check would be weak"
-    assert logged(two, "loss") == pytest.approx(logged(one, "loss"), rel=1e-4, abs=1e-6)
-    assert logged(two, "entropy") == pytest.approx(logged(one, "entropy"), rel=1e-5)
-    for (name, weight), other in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
-        torch.testing.assert_close(other, weight, rtol=1e-5, atol=1e-6, msg=name)
+    check(f"layout training loss[{method}]", logged(two, "loss"), logged(one, "loss"), TRAINING_LOSS)
+    check(f"layout training entropy[{method}]", logged(two, "entropy"), logged(one, "entropy"), TRAINING_ENTROPY)
+    one_weights = [weight for _, weight in sorted(one.model.named_parameters())]
+    two_weights = [weight for _, weight in sorted(two.model.named_parameters())]
+    check(f"layout training weights[{method}]", two_weights, one_weights, TRAINING_WEIGHTS)
 
 
 @pytest.mark.parametrize("method", MICRO_BATCH_METHODS)
@@ -239,7 +274,7 @@ def test_micro_batch_controller_ignores_the_window(method, toy_model_path, toy_t
             states[accumulation].append(controller_states(trainer))
         assert before != states[accumulation][0] != states[accumulation][1], "it must move at every micro-batch"
     for one, two in zip(states[1], states[2], strict=True):
-        assert_states_close(two, one)
+        assert_states_close(two, one, method)
 
 
 def test_controller_statistic_is_the_window_token_mean_whatever_the_split(

@@ -6,6 +6,7 @@ from _support.tiers import mark_tier
 
 FILES = {
     "test_rewards.py": "pure",
+    "test_rounding.py": "pure",
     "test_layout.py": "pure",
     "test_toy_sweep.py": "pure",
     "test_upstream_noise.py": "pure",
