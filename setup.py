@@ -45,7 +45,11 @@ setup(
         "vllm": ["vllm"],
         # Drawing: `trl-entropy demo`'s PNG and `trl-entropy report` (trl_entropy/report/).
         "plot": ["matplotlib"],
-        # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison.
+        # `trl-entropy fetch-model` (trl_entropy/pretrained.py): reading a GGUF file to convert it, once; the converted
+        # checkpoint loads without it. The lower bound is transformers' own for GGUF.
+        "gguf": ["gguf>=0.10.0"],
+        # Everything the tests use: the Triton interpreter tests, the ZeRO-3 and LoRA tests, the Liger comparison, the
+        # real-model tests (which convert SmolLM2 with gguf).
         "dev": [
             "pytest>=8",
             "pytest-xdist",  # the test command on both cores (README)
@@ -59,8 +63,10 @@ setup(
             "einops",
             "pydantic>=2",
             "liger-kernel>=0.8.2",
+            "gguf>=0.10.0",
         ],
     },
-    # `trl-entropy train|report|demo ...` (trl_entropy/cli.py); report and demo draw with the plot extra.
+    # `trl-entropy train|report|demo|fetch-model ...` (trl_entropy/cli.py); report and demo draw with the plot extra,
+    # fetch-model converts with the gguf extra.
     entry_points={"console_scripts": ["trl-entropy = trl_entropy.cli:main"]},
 )

@@ -1,10 +1,19 @@
-"""Benchmark of one trainer loss step (``compute_loss`` + backward) per trainer, on a random-initialised model.
+"""Benchmark of one trainer loss step (``compute_loss`` + backward) per trainer, on a random-initialised model or a
+real checkpoint.
 
-Uses only the public API: the trainers and configs of ``trl_entropy`` (top-level names) and ``trl.GRPOTrainer``. The
-model is built from a config (no download) and saved once; every trainer loads it from there. The batch is a
-hand-built GRPO micro-batch (prompts, completions with some padding, advantages, rollout log-probs), the same for
-every trainer. Each trainer runs ``--repeats`` timed steps after one warm-up step; the table gives the median, the
-minimum and the ratio of the median to the first trainer's (the baseline).
+The trainers are driven through the public API: the trainers and configs of ``trl_entropy`` (top-level names) and
+``trl.GRPOTrainer``. For the random-weight presets the model is built from a config (no download) and saved once, and
+the batch is a hand-built GRPO micro-batch (prompts, completions with some padding, advantages, rollout log-probs).
+For a checkpoint preset the model is the fetched checkpoint and the batch a real one (``chat_batches.py``): chat
+arithmetic prompts, completions the model sampled, their rewards' group advantages, and the rollout log-probs and
+entropies from the fp32 kernel. Every trainer loads its own copy of the model and gets the same batch.
+
+Each trainer runs one untimed warm-up step, then ``--repeats`` timed steps per round for ``--rounds`` rounds; within
+a round the trainers take turns, in an order rotated each round, so that a slow spell of a shared machine falls on
+all of them. The table gives per trainer the median and minimum wall time, the median CPU time (``process_time``:
+all threads, without the time the process waited), the ratio of its median to the first trainer's (the baseline),
+the median over rounds of that ratio taken within each round (paired), and the ratio of the CPU medians. On a shared
+CPU, run one thread (``--threads 1``): the CPU time is then the step's own work, and its ratio the robust one.
 
 Presets (``--preset``):
 
@@ -13,11 +22,17 @@ Presets (``--preset``):
 * ``qwen2-0.5b``: a Qwen2 architecture of ~0.5B parameters (Qwen2-0.5B's shape: 24 layers, hidden 896, vocabulary
   151936, tied embeddings), every trainer against ``trl.GRPOTrainer``, bf16 on CUDA.
 * ``toy``: a tiny Qwen2 model, every trainer (the runbook's dry run).
+* ``smollm2``: SmolLM2-135M-Instruct, the real checkpoint ``trl_entropy.pretrained.fetch_model`` gives (fetched and
+  converted on first use, docs/real_model.md), every trainer against ``trl.GRPOTrainer``: 2 one-digit chat arithmetic
+  prompts x 8 sampled completions of at most 24 tokens (the documented training command's micro-batch), fp32 on the
+  CPU. ``--cache-dir`` is ``fetch_model``'s; ``--dry-run`` shrinks the batch to 2 completions of 4 tokens, to check
+  the path, not to time it.
 
 Examples::
 
     python benchmarks/step_bench.py --preset loss-step --repeats 5
     python benchmarks/step_bench.py --preset qwen2-0.5b --device cuda --dtype bf16
+    python benchmarks/step_bench.py --preset smollm2 --repeats 1 --rounds 5 --threads 1
 """
 
 from __future__ import annotations
@@ -46,7 +61,12 @@ PRESETS = {
         vocab=512, hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, batch=4, prompt=4, completion=6,
         trainers=None,
     ),
+    "smollm2": dict(
+        checkpoint="smollm2-135m-instruct", prompts=2, generations=8, completion=24, digits=1, trainers=None,
+    ),
 }  # fmt: skip
+# A checkpoint preset's batch under --dry-run: the smallest real batch (one prompt, a group of two).
+DRY_RUN_BATCH = dict(prompts=1, generations=2, completion=4)
 
 
 def _trainer_classes():
@@ -118,6 +138,34 @@ def make_batch(spec, device, seed=0):
     return {key: value.to(device) for key, value in batch.items()}
 
 
+def checkpoint_setup(spec, args):
+    """A checkpoint preset's model folder (fetched once, then cached), its tokenizer, a real batch sampled by the
+    model (``chat_batches.py``) with the rollout log-probs and entropies from the fp32 kernel, and the shape."""
+    import torch
+    from chat_batches import load_policy, sample_chat_batch, score_fp32
+
+    from trl_entropy.pretrained import fetch_model
+
+    sizes = {key: spec[key] for key in DRY_RUN_BATCH} | (DRY_RUN_BATCH if args.dry_run else {})
+    model_dir = fetch_model(spec["checkpoint"], cache_dir=args.cache_dir)
+    model, tokenizer = load_policy(model_dir)
+    batch = sample_chat_batch(
+        model, tokenizer, sizes["prompts"], sizes["generations"], sizes["completion"], seed=0, digits=spec["digits"]
+    )
+    with torch.no_grad():
+        log_probs, entropy = score_fp32(model, batch)
+    mask = batch["completion_mask"]
+    batch = {key: value for key, value in batch.items() if key != "rewards"}  # the loss step reads the advantages
+    batch |= {"old_per_token_logps": log_probs * mask, "old_entropy": entropy * mask, "num_items_in_batch": mask.sum()}
+    config = model.config
+    shape = dict(
+        vocab=config.vocab_size, hidden=config.hidden_size, layers=config.num_hidden_layers,
+        batch=mask.size(0), prompt=batch["prompt_ids"].size(1), completion=mask.size(1),
+        generations=sizes["generations"],
+    )  # fmt: skip
+    return model_dir, tokenizer, {key: value.to(args.device) for key, value in batch.items()}, shape
+
+
 def build_trainer(name, model_dir, tokenizer, spec, args, output_dir):
     import torch
     from datasets import Dataset
@@ -127,7 +175,7 @@ def build_trainer(name, model_dir, tokenizer, spec, args, output_dir):
     config = config_class(
         output_dir=output_dir,
         per_device_train_batch_size=spec["batch"],
-        num_generations=spec["batch"],
+        num_generations=spec["generations"],
         max_completion_length=spec["completion"],
         report_to=[],
         use_cpu=args.device == "cpu",
@@ -148,7 +196,8 @@ def build_trainer(name, model_dir, tokenizer, spec, args, output_dir):
     return trainer
 
 
-def time_steps(trainer, batch, repeats, device):
+def time_steps(trainer, batch, repeats, device, warm_up):
+    """Wall and CPU milliseconds of ``repeats`` loss steps (after one untimed step when ``warm_up``)."""
     import torch
 
     def step():
@@ -158,13 +207,16 @@ def time_steps(trainer, batch, repeats, device):
         if device == "cuda":
             torch.cuda.synchronize()
 
-    step()
-    times = []
-    for _ in range(max(repeats, 1)):
-        start = time.perf_counter()
+    if warm_up:
         step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    wall, cpu = [], []
+    for _ in range(max(repeats, 1)):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        wall.append((time.perf_counter() - start_wall) * 1e3)
+        cpu.append((time.process_time() - start_cpu) * 1e3)
+    trainer.model.zero_grad(set_to_none=True)  # one trainer's gradients at a time: a dozen of a real model's are GBs
+    return wall, cpu
 
 
 def main(argv=None) -> int:
@@ -175,10 +227,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["fp32", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per trainer and round")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the trainers (noisy machines)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-dir", default=None, help="a checkpoint preset's fetch_model cache (default: its own)")
+    parser.add_argument("--dry-run", action="store_true", help="a checkpoint preset with the smallest batch")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
 
@@ -187,38 +241,60 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = PRESETS[args.preset]
+    if args.dry_run and "checkpoint" not in spec:
+        parser.error("--dry-run shrinks a checkpoint preset's batch; the other presets set their own sizes")
     classes = _trainer_classes()
     names = args.trainers.split(",") if args.trainers else spec["trainers"] or list(classes)
     unknown = set(names) - set(classes)
     if unknown:
         parser.error(f"unknown trainers {sorted(unknown)}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    tokens = spec["batch"] * spec["completion"]
-    print(
-        f"preset={args.preset} device={args.device} dtype={args.dtype} vocab={spec['vocab']} hidden={spec['hidden']} "
-        f"layers={spec['layers']} batch={spec['batch']}x({spec['prompt']}+{spec['completion']}) scored={tokens} "
-        f"repeats={args.repeats} rounds={args.rounds} threads={torch.get_num_threads()}",
-        flush=True,
-    )
     with tempfile.TemporaryDirectory() as root:
-        model_dir = os.path.join(root, "model")
-        tokenizer = build_model_dir(spec, dtype, model_dir)
-        n_params = None
-        batch = make_batch(spec, args.device)
-        trainers = {}
-        for name in names:
-            trainers[name] = build_trainer(name, model_dir, tokenizer, spec, args, os.path.join(root, name))
-            n_params = n_params or sum(p.numel() for p in trainers[name].model.parameters())
+        if "checkpoint" in spec:
+            model_dir, tokenizer, batch, shape = checkpoint_setup(spec, args)
+        else:
+            model_dir, shape = os.path.join(root, "model"), spec | {"generations": spec["batch"]}
+            tokenizer = build_model_dir(spec, dtype, model_dir)
+            batch = make_batch(spec, args.device)
+        print(
+            f"preset={args.preset} device={args.device} dtype={args.dtype} vocab={shape['vocab']} "
+            f"hidden={shape['hidden']} layers={shape['layers']} batch={shape['batch']}x({shape['prompt']}+"
+            f"{shape['completion']}) scored={int(batch['completion_mask'].sum())} repeats={args.repeats} "
+            f"rounds={args.rounds} threads={torch.get_num_threads()}",
+            flush=True,
+        )
+        trainers = {
+            name: build_trainer(name, model_dir, tokenizer, shape, args, os.path.join(root, name)) for name in names
+        }
+        n_params = sum(p.numel() for p in trainers[names[0]].model.parameters())
         print(f"parameters: {n_params / 1e6:.2f} M", flush=True)
-        times = {name: [] for name in names}
-        for _ in range(args.rounds):
+        wall = {name: [] for name in names}
+        cpu = {name: [] for name in names}
+        paired = {name: [] for name in names}  # per round: the trainer's median over the baseline's
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                round_wall, round_cpu = time_steps(
+                    trainers[name], batch, args.repeats, args.device, warm_up=round_index == 0
+                )
+                wall[name].append(round_wall)
+                cpu[name] += round_cpu
             for name in names:
-                times[name] += time_steps(trainers[name], batch, args.repeats, args.device)
-    print("| trainer | loss step ms (median) | min ms | ratio to the first (median) |\n|---|---|---|---|")
-    base = statistics.median(times[names[0]])
+                paired[name].append(statistics.median(wall[name][-1]) / statistics.median(wall[names[0]][-1]))
+            print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)  # a long run's progress
+    print(
+        "| trainer | loss step ms (median) | min ms | CPU ms (median) | ratio to the first (median) "
+        "| paired ratio (median over rounds) | CPU ratio (median) |\n|---|---|---|---|---|---|---|"
+    )
+    base, base_cpu = statistics.median(sum(wall[names[0]], [])), statistics.median(cpu[names[0]])
     for name in names:
-        median = statistics.median(times[name])
-        print(f"| {name} | {median:.0f} | {min(times[name]):.0f} | {median / base:.2f} |", flush=True)
+        times = sum(wall[name], [])
+        median, median_cpu = statistics.median(times), statistics.median(cpu[name])
+        print(
+            f"| {name} | {median:.0f} | {min(times):.0f} | {median_cpu:.0f} | {median / base:.2f} "
+            f"| {statistics.median(paired[name]):.2f} | {median_cpu / base_cpu:.2f} |",
+            flush=True,
+        )
     return 0
 
 

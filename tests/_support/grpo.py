@@ -1,5 +1,6 @@
-"""What the tests share besides fixtures: hand-built GRPO micro-batches, the one config and trainer builders, the loss
-and gradients of one step, and float64 log-probs and entropies from the full logits."""
+"""What the tests share besides fixtures: hand-built GRPO micro-batches, the one config builder (:func:`toy_config`)
+and the one trainer builder (:func:`toy_trainer`) that every other builder of the tests goes through, the loss and
+gradients of one step, and float64 log-probs and entropies from the full logits."""
 
 import functools
 import os
@@ -82,20 +83,42 @@ def toy_dataset(size: int, seed: int = 0):
     return build_toy_dataset(size, seed=seed)
 
 
-def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
-    """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
+def toy_trainer(
+    trainer_class,
+    args,
+    model,
+    processing_class=None,
+    reward_funcs=None,
+    train_dataset=None,
+    accumulation=None,
+    **keyword,
+):
+    """The one trainer builder of the tests: ``trainer_class`` on ``model`` (a path or a model) with ``args`` (built by
+    :func:`toy_config`, or as a test needs it), the toy reward and the toy task's first 8 problems unless given;
+    ``keyword`` goes to the trainer as it is (``eval_dataset``, ``rollout_func``, ``peft_config``...).
+
+    ``accumulation``: for a test that calls ``compute_loss`` itself, the micro-batches of each optimizer step it drives
+    (the trainer goes to train mode and expects that many; ``args`` holds the config's own count)."""
     from trl_entropy.toy import toy_reward
 
-    args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
     trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
+        model=model,
+        reward_funcs=toy_reward if reward_funcs is None else reward_funcs,
         args=args,
-        train_dataset=toy_dataset(8),
-        processing_class=tokenizer,
+        train_dataset=toy_dataset(8) if train_dataset is None else train_dataset,
+        processing_class=processing_class,
+        **keyword,
     )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
+    if accumulation is not None:
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = accumulation
+    return trainer
+
+
+def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
+    """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
+    args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
+    trainer = toy_trainer(trainer_class, args, path, tokenizer, accumulation=accumulation)
     # accelerate's gradient state is shared by every trainer of the process: start from the state a training step
     # starts from (the last micro-batch of a window), whatever an earlier test left.
     set_sync(trainer, True)
@@ -153,6 +176,14 @@ def varied_batch(model, vocab_size, seed):
     inputs["completion_mask"][5, 1:] = 0
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
     return inputs
+
+
+def full_logit_log_probs(model, input_ids, attention_mask, completion_length):
+    """Log-probs of the last ``completion_length`` tokens from the full logits, in float64 (no kernel)."""
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+    log_probs = torch.log_softmax(logits[:, -completion_length - 1 : -1], -1)
+    return log_probs.gather(-1, input_ids[:, -completion_length:].unsqueeze(-1)).squeeze(-1)
 
 
 def lora_config():

@@ -196,3 +196,18 @@ def test_a_pair_takes_the_loss_types_both_methods_take_and_names_the_one_that_re
             continue
         with pytest.raises(ValueError, match=rf"^({'|'.join(refusing)}) does not support loss_type='{loss_type}'"):
             EntropyGRPOConfig(**options)
+
+
+def test_a_pairs_config_declares_only_the_loss_types_both_methods_take():
+    """The public ``supported_loss_types`` of each valid pair's config: the loss types both methods' configs take, read
+    from the registry here (a union would still be refused at construction, by another path, while the attribute
+    lied)."""
+    narrowed = []
+    for names in VALID:
+        alone = [set(METHODS[name].config_class.supported_loss_types) for name in names]
+        both = set.intersection(*alone)
+        declared = combination(names).config_class.supported_loss_types
+        assert sorted(declared) == sorted(both), names
+        if both != set.union(*alone):
+            narrowed.append(names)
+    assert narrowed, "no pair whose methods take different loss types: a union would pass too"

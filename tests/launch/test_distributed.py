@@ -18,7 +18,6 @@ and FSDP2
   entropy head reads it); the tests check that first.
 """
 
-import itertools
 import os
 from pathlib import Path
 
@@ -38,9 +37,10 @@ from _support.distributed_run import (
     run,
     save_untied_copy,
 )
+from _support.methods import first_combinable_pair
 from _support.rounding import Bound, ControllerBounds, check
 
-from trl_entropy.methods import METHODS, combination
+from trl_entropy.methods import METHODS
 
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
@@ -94,16 +94,6 @@ def script_options(folder: Path, *options: str) -> list[str]:
 # The adaptive trainers, the methods whose advantages need every rank's rewards (a group baseline taken over the
 # rewards gathered from all ranks, then each rank keeps its own rows), and those that read the rollout policy's entropy
 # (each rank carries its own rows of it through TRL's shuffle and split; they run with two updates per rollout).
-
-
-def first_combinable_pair(names) -> str:
-    """The first two of ``names`` that combine (different axes), joined as ``--method`` joins them."""
-    for pair in itertools.combinations(names, 2):
-        try:
-            return combination(list(pair)).key
-        except ValueError:
-            continue
-    raise AssertionError(f"no two of {names} combine")
 
 
 # Two adaptive methods combined, each moved by its own controller from the all-reduced entropy.

@@ -152,16 +152,28 @@ def write_real_vlm_case(folder: Path) -> list[str]:
 
 
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]
+CONFIGS = ROOT / "examples" / "configs"
+
+
+def real_model_yaml_case(method: str, smollm2_path: str, folder: Path) -> list[str]:
+    """``method`` from its YAML config on the real pretrained model and the chat arithmetic task: one optimizer step
+    of 4 completions of one prompt, at most 6 tokens each (the command line overrides the toy sizes of the YAML)."""
+    arguments = ["--config", str(CONFIGS / f"{method}.yaml"), "--model_name_or_path", smollm2_path]
+    arguments += ["--chat_arithmetic_digits", "1", "--use_cpu", "--report_to", "none", *ONE_STEP_RUN]
+    arguments += ["--per_device_train_batch_size", "4", "--max_completion_length", "6"]
+    return [*arguments, "--output_dir", str(folder / f"real_{method}")]
 
 
 @pytest.fixture(scope="module")
-def cli_runs(toy_cache, tmp_path_factory):
+def cli_runs(toy_cache, smollm2_path, tmp_path_factory):
     """Every command-line case of train.py in one launch: ``{case: (folder, exit status, stdout, stderr)}``. The cases:
-    every registered method (``method:<name>``), a YAML config with a command-line override, LoRA, a real model on a
-    local math dataset, a vision-language model on local image questions, and the errors of ``CLI_ERRORS`` run as a
-    process (``error:<case>``)."""
+    every registered method (``method:<name>``), and each from its YAML config on the real pretrained model
+    (``real:<name>``), a YAML config with a command-line override, LoRA, a saved model on a local math dataset, a
+    vision-language model on local image questions, and the errors of ``CLI_ERRORS`` run as a process
+    (``error:<case>``)."""
     folder = tmp_path_factory.mktemp("cli")
     runs = [(f"method:{m}", ["--method", m, *ONE_STEP_RUN, "--toy_policy_cache", toy_cache]) for m in sorted(METHODS)]
+    runs += [(f"real:{m}", real_model_yaml_case(m, smollm2_path, folder)) for m in sorted(METHODS)]
     runs.append(("yaml", write_yaml_case(folder, toy_cache)))
     runs.append(("lora", ["--method", "repo_r", *ONE_STEP_RUN, *LORA, "--toy_policy_cache", toy_cache]))
     runs.append(("real_model", write_real_model_case(folder, toy_cache)))
@@ -200,6 +212,22 @@ def test_train_runs_every_method(method, cli_runs):
     assert 0.0 < float(metrics["entropy"]) < 4.0  # a real entropy of a 47-token vocabulary, not a placeholder
     if method == "entreg":
         assert float(metrics["entropy_coef"]) == get_method("entreg").defaults["entropy_coef"]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_trains_the_real_model_from_its_yaml(method, cli_runs):
+    """``trl-entropy train --config examples/configs/<method>.yaml`` on SmolLM2-135M-Instruct and the chat task: the
+    method's own metric is logged, the loss and entropy are finite, the entropy a real one of a 49,152-token
+    vocabulary, and the trained model saved."""
+    folder, status, stdout, stderr = cli_runs[f"real:{method}"]
+    assert status == 0, stderr[-4000:]
+    assert "Traceback" not in stderr
+    metrics = logged_metrics(stdout + stderr)
+    assert METHOD_METRIC[method] in metrics, sorted(metrics)
+    assert "rewards/stated_answer_reward/mean" in metrics
+    assert math.isfinite(float(metrics["loss"]))
+    assert 0.0 < float(metrics["entropy"]) < math.log(49152)
+    assert (folder / f"real_{method}" / "model.safetensors").exists()
 
 
 def test_train_yaml_config_and_command_line_override(cli_runs):
@@ -259,6 +287,18 @@ CLI_ERRORS = {
     "model without a dataset": (
         ["--model_name_or_path", "{model}"],
         "--model_name_or_path needs --dataset_name (a math dataset with verifiable answers)",
+    ),
+    "chat arithmetic without a model": (
+        ["--chat_arithmetic_digits", "1"],
+        "--chat_arithmetic_digits needs --model_name_or_path (an instruct model with a chat template)",
+    ),
+    "a dataset and the chat arithmetic task": (
+        ["--model_name_or_path", "{model}", "--dataset_name", "{tmp}", "--chat_arithmetic_digits", "1"],
+        "--dataset_name and --chat_arithmetic_digits each name the task to train on: give one",
+    ),
+    "chat arithmetic digits out of range": (
+        ["--chat_arithmetic_digits", "4"],
+        "chat_arithmetic_digits must be from 1 to 3 (digits of each operand), got 4",
     ),
     "bf16 without a GPU": (
         ["--model_name_or_path", "{model}", "--bf16"],

@@ -48,26 +48,15 @@ def test_config_defaults(tmp_path):
 ON_POLICY = "ADAPO with fully on-policy updates"
 
 
-@pytest.mark.parametrize(
-    "accumulation, options, on_policy",
-    [
-        (1, {}, True),  # TRL's defaults: one pass, steps_per_generation = gradient_accumulation_steps
-        (4, {"steps_per_generation": 2}, True),  # two generations inside one optimizer step, no pass repeated
-        (1, {"num_iterations": 2}, False),
-        (2, {"steps_per_generation": 4}, False),
-    ],
-)
-def test_warns_once_at_construction_when_on_policy(
-    tmp_path, toy_model_path, toy_tokenizer, accumulation, options, on_policy
-):
-    messages = on_policy_warnings(
-        ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
-    )
-    assert len(messages) == (1 if on_policy else 0), messages  # ADAPO's own warning, not also the base's clip warning
-    if on_policy:  # it names the settings that make ADAPO act
-        assert ON_POLICY in messages[0]
-        assert "num_iterations > 1" in messages[0]
-        assert "steps_per_generation > gradient_accumulation_steps" in messages[0]
+def test_warns_once_at_construction_when_on_policy(tmp_path, toy_model_path, toy_tokenizer):
+    """On TRL's defaults (one pass, steps_per_generation = gradient_accumulation_steps). The other layouts, on-policy
+    or not, for every method: tests/trainer/test_base.py (the same warning on each on-policy one, none off-policy)."""
+    messages = on_policy_warnings(ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+    assert len(messages) == 1, messages  # ADAPO's own warning, not also the base's clip warning
+    # it names the settings that make ADAPO act
+    assert ON_POLICY in messages[0]
+    assert "num_iterations > 1" in messages[0]
+    assert "steps_per_generation > gradient_accumulation_steps" in messages[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -102,27 +102,22 @@ ON_POLICY = "CE-GPPO with fully on-policy updates"
 
 
 @pytest.mark.parametrize(
-    "accumulation, options, on_policy",
+    "options",
     [
-        (1, {}, True),  # TRL's defaults: one pass, steps_per_generation = gradient_accumulation_steps
-        (1, {"epsilon_high": 0.28}, True),  # a clip range of its own: still one warning, CE-GPPO's
-        (4, {"steps_per_generation": 2}, True),  # two generations inside one optimizer step, no pass repeated
-        (1, {"num_iterations": 2}, False),
-        (2, {"steps_per_generation": 4}, False),
+        {},  # TRL's defaults: one pass, steps_per_generation = gradient_accumulation_steps
+        {"epsilon_high": 0.28},  # a clip range of its own: still one warning, CE-GPPO's
     ],
 )
-def test_warns_once_at_construction_when_on_policy(
-    tmp_path, toy_model_path, toy_tokenizer, accumulation, options, on_policy
-):
-    messages = on_policy_warnings(
-        CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation, **options
-    )
-    assert len(messages) == (1 if on_policy else 0), messages  # CE-GPPO's own, not also the base's clip warning
-    if on_policy:  # it names what is inert and the settings that make CE-GPPO act
-        assert ON_POLICY in messages[0]
-        assert "ce_gppo_beta1 and ce_gppo_beta2 have no effect" in messages[0]
-        assert "num_iterations > 1" in messages[0]
-        assert "steps_per_generation > gradient_accumulation_steps" in messages[0]
+def test_warns_once_at_construction_when_on_policy(tmp_path, toy_model_path, toy_tokenizer, options):
+    """The other layouts, on-policy or not, for every method: tests/trainer/test_base.py (the same warning on each
+    on-policy one, none off-policy)."""
+    messages = on_policy_warnings(CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path, **options)
+    assert len(messages) == 1, messages  # CE-GPPO's own, not also the base's clip warning
+    # it names what is inert and the settings that make CE-GPPO act
+    assert ON_POLICY in messages[0]
+    assert "ce_gppo_beta1 and ce_gppo_beta2 have no effect" in messages[0]
+    assert "num_iterations > 1" in messages[0]
+    assert "steps_per_generation > gradient_accumulation_steps" in messages[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -2,11 +2,11 @@
 Proportional-Integral Control", arXiv:2511.15248; the authors' code at commit 2470730; docs/entropic.md): the worked
 example number for number (pure functions and the trainer's loss step), the controller and the term against float64
 references written out here, every loss type's loss and gradients against trl.GRPOTrainer plus the float64 term, the
-neutral gains against trl.GRPOTrainer, edge cases and bad values, and two processes whose ranks hold the same α and I,
-equal to a float64 replay over the run's micro-batches. Resume (mid-cycle and after updates):
-tests/trainer/test_resume.py and
-tests/trainer/test_resume_changes.py; two processes against one: tests/launch/test_distributed.py; accumulation:
-tests/trainer/test_accumulation.py; the all-masked micro-batch: tests/trainer/test_bad_input.py."""
+neutral gains against trl.GRPOTrainer, edge cases and bad values, every rank's statistics in one process (a second rank
+stood in), and two processes whose ranks hold the same α and I, equal to a float64 replay over the run's micro-batches.
+Resume (mid-cycle and after updates): tests/trainer/test_resume.py and tests/trainer/test_resume_changes.py; two
+processes against one: tests/launch/test_distributed.py; accumulation: tests/trainer/test_accumulation.py; the
+all-masked micro-batch: tests/trainer/test_bad_input.py."""
 
 import json
 import math
@@ -17,6 +17,7 @@ import torch
 from _support.distributed_run import make_trainer
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_softmax, toy_config
 from _support.parity import assert_same_step
+from _support.stand_in_rank import StandInRank
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -193,6 +194,48 @@ def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_token
     evaluation.mode = "eval"
     trainer.add_regularisers(evaluation, torch.zeros(()), torch.zeros(()), None)
     assert (controller.value, controller.integral) == (pytest.approx(0.001, abs=1e-7), pytest.approx(0.1, abs=1e-7))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every rank's statistics in one process: rank 0 of two, the second rank's sums stood in (the two-process test below
+# runs the real thing)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# What the second rank sends to the regulariser's all-reduce [Σ m·H, Σ m, Σ high]: 4 tokens of mean entropy 0.5, one of
+# them above τ. Rank 0 holds the worked example's 4 tokens at 0.30 nats, 3 of them above τ.
+SECOND_RANK_SUMS = (2.0, 4.0, 1.0)
+
+
+def test_alpha_and_the_token_sum_normaliser_take_every_ranks_tokens(
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
+):
+    """α comes from the entropy mean over both ranks' tokens (0.4 nats, not rank 0's 0.30), and a token-sum loss type
+    divides the term by both ranks' high-probability tokens per rank, (3 + 1) / 2, as DDP averages the ranks'
+    gradients."""
+    trainer = build_trainer(
+        EntroPICTrainer,
+        EntroPICConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        loss_type="dapo",
+        steps_per_generation=2,
+    )
+    second_rank = torch.tensor(SECOND_RANK_SUMS)
+    monkeypatch.setattr(trainer, "accelerator", StandInRank(trainer.accelerator, 0, 2, second_rank))
+    metrics = trainer._metrics["train"]
+    metrics.clear()
+    batch = example_batch(0.30)
+    regulariser = trainer.regulariser(batch)
+
+    rank_zero_sums = (4 * 0.30, 4.0, 3.0)
+    entropy_sum, tokens, high_tokens = (a + b for a, b in zip(rank_zero_sums, SECOND_RANK_SUMS, strict=True))
+    alpha, integral = reference_pi(0.0, entropy_sum / tokens, 0.1, 1.0, 0.01, 0.5)  # the defaults; w = 1/2
+    controller = trainer.controllers["entropic"]
+    assert (controller.value, controller.integral) == (pytest.approx(alpha, abs=1e-7), pytest.approx(integral))
+    # Σ −r·|A| over rank 0's high tokens is −(1 + 1 + 0) (ratio 1); the normaliser is 2 tokens per rank.
+    assert regulariser.item() == pytest.approx(alpha * -2 / (high_tokens / 2), abs=1e-6)
+    assert metrics["entropic/high_prob_fraction"] == [pytest.approx(high_tokens / tokens)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

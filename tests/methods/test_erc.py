@@ -29,6 +29,7 @@ from _support.grpo import (
     make_grpo_batch,
     naive_entropy,
     toy_config,
+    toy_trainer,
 )
 from _support.parity import assert_same_step
 from _support.resume import CHECKPOINT, assert_resumed_equals_straight, step_values
@@ -93,25 +94,17 @@ def test_a_band_that_leaves_out_ratio_one_is_refused_naming_both(low, high):
     assert "erc_low < 1 < erc_high" in str(error.value)
 
 
-ON_POLICY_CASES = [  # (options, whether training is on-policy and a warning is due)
-    ({"num_iterations": 1}, True),
-    ({"num_iterations": 1, "gradient_accumulation_steps": 2}, True),  # steps_per_generation follows: still on-policy
-    ({"num_iterations": 2}, False),
-    ({"num_iterations": 1, "steps_per_generation": 2}, False),
-]
-
-
-@pytest.mark.parametrize("options, warns", ON_POLICY_CASES)
-def test_on_policy_warns_once_naming_what_makes_erc_act(options, warns):
+def test_on_policy_warns_once_naming_what_makes_erc_act():
+    """The config, on-policy. The other layouts, on-policy or not, for every method: tests/trainer/test_base.py (the
+    same warning on each on-policy one, none off-policy)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        erc_config(**options)
+        erc_config(num_iterations=1)
     erc = [w for w in caught if str(w.message).startswith("ERC with fully on-policy updates")]
-    assert len(erc) == (1 if warns else 0), [str(w.message) for w in caught]
-    if warns:
-        message = str(erc[0].message)
-        assert "every entropy ratio is 1" in message
-        assert "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for ERC to act" in message
+    assert len(erc) == 1, [str(w.message) for w in caught]
+    message = str(erc[0].message)
+    assert "every entropy ratio is 1" in message
+    assert "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps for ERC to act" in message
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -495,10 +488,11 @@ def test_the_carried_rollout_entropy_is_the_rollout_policys_in_every_layout(layo
             seed=0,
             **options,
         )
-        trainer = RecordingERCTrainer(
-            model=warm_toy_policy_path,
+        trainer = toy_trainer(
+            RecordingERCTrainer,
+            args,
+            warm_toy_policy_path,
             reward_funcs=ranked_reward,
-            args=args,
             train_dataset=build_toy_dataset(64, seed=0),
             rollout_func=make_rollout(),
             peft_config=peft_config,

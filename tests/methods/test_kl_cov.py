@@ -64,7 +64,7 @@ def test_kl_cov_selection_breaks_ties_by_position():
 
 def test_kl_cov_warns_once_per_trainer_when_fully_on_policy(warm_toy_policy_path, tmp_path):
     """Fully on-policy (the penalty is identically 0): one warning when the trainer is built, none from the config or
-    the training steps; off-policy settings: none."""
+    the training steps. Off-policy layouts, none: tests/trainer/test_base.py, for every method."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # every occurrence, not once per code location
         make_config(KLCovConfig, tmp_path)  # steps_per_generation = gradient_accumulation_steps, one iteration
@@ -74,13 +74,6 @@ def test_kl_cov_warns_once_per_trainer_when_fully_on_policy(warm_toy_policy_path
         trainer.train()
         assert len(on_policy_warnings(caught)) == 1
     assert len(logged(trainer, "loss")) == 2  # the steps ran
-    for name, options in {"later": {"gradient_accumulation_steps": 2, "steps_per_generation": 4}, "twice": {}}.items():
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            make_trainer(
-                "kl_cov", warm_toy_policy_path, str(tmp_path / name), **options
-            )  # num_iterations=2 by default
-        assert not on_policy_warnings(caught), options
 
 
 # ---------------------------------------------------------------------------------------------------------------------

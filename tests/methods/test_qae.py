@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOTrainer, QAEConfig, QAETrainer
@@ -236,13 +236,7 @@ def run(trainer_class, config_class, path, tokenizer, tmp_path, reward_funcs, **
         logging_steps=1,
         **options,
     )
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=build_toy_dataset(32, seed=0),
-        processing_class=tokenizer,
-    )
+    trainer = toy_trainer(trainer_class, args, path, tokenizer, reward_funcs, build_toy_dataset(32, seed=0))
     trainer.recorded = []
     trainer.train()
     return trainer

@@ -1,5 +1,5 @@
-"""The shared trainer: parity, loss types, resume, LoRA, accumulation, bad input, model families, VLMs, vLLM. Tiers
-(`_support/tiers.py`): training unless named below."""
+"""The shared trainer: parity, loss types, resume, LoRA, accumulation, bad input, model families, VLMs, vLLM, and a
+real pretrained model (SmolLM2-135M-Instruct). Tiers (`_support/tiers.py`): training unless named below."""
 
 from _support.tiers import mark_tier
 
@@ -9,6 +9,12 @@ FILES = {
     "test_loss_types.py": "loss_step",
     "test_bad_input.py": "loss_step",
     "test_model_families.py": "loss_step",
+    "test_real_model.py": "loss_step",
+}
+# One loss step's worth each, in the quick loop: what a two-process launch checks, with the second rank stood in.
+TESTS = {
+    "test_resume.py": {"test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks": "loss_step"},
+    "test_real_model_training.py": {"test_base_equals_trl_on_a_real_batch": "loss_step"},
 }
 LAUNCHES = {
     "test_base.py": {
@@ -16,6 +22,7 @@ LAUNCHES = {
         "test_trl_entropy_train_runs_from_the_wheel_outside_the_clone",
         "test_wheel_installs_kernels_inside_the_package",
     },
+    "test_real_model.py": {"test_trl_entropy_train_runs_on_the_real_model_and_a_local_gsm8k_folder"},
     "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},
     "test_resume_changes.py": {
         "test_kill_inside_the_optimizer_write_is_skipped_on_resume",
@@ -26,4 +33,4 @@ LAUNCHES = {
 
 
 def pytest_itemcollected(item):
-    mark_tier(item, "training", FILES, LAUNCHES)
+    mark_tier(item, "training", FILES, LAUNCHES, TESTS)

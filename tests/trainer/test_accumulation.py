@@ -32,12 +32,11 @@ from _support.distributed_run import (
     make_rollout,
     make_trainer,
 )
-from _support.grpo import make_grpo_batch, naive_entropy, toy_dataset
+from _support.grpo import make_grpo_batch, naive_entropy, toy_config, toy_trainer
 from _support.rounding import Bound, check, check_per_update
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
 from trl_entropy.methods import METHODS, get_method
-from trl_entropy.toy import toy_reward
 
 
 # Options that make each method's loss depend on everything it can: a controller that moves on the first update, the
@@ -104,24 +103,17 @@ MICRO_BATCH_METHODS = tuple(name for name in ADAPTIVE_METHODS if METHODS[name].m
 def build(case, loss_type, accumulation, path, tokenizer, tmp_path):
     method = get_method(case.split("-")[0])
     options = {**method.defaults, **METHOD_OPTIONS[case]}
-    args = method.config_class(
-        output_dir=str(tmp_path / f"accumulation{accumulation}"),
+    args = toy_config(
+        method.config_class,
+        tmp_path / f"accumulation{accumulation}",
         per_device_train_batch_size=8 // accumulation,
         gradient_accumulation_steps=accumulation,
         num_generations=4,
         max_completion_length=6,
         loss_type=loss_type,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
         **options,
     )
-    trainer = method.trainer_class(
-        model=path, reward_funcs=toy_reward, args=args, train_dataset=toy_dataset(8), processing_class=tokenizer
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accumulation
-    return trainer
+    return toy_trainer(method.trainer_class, args, path, tokenizer, accumulation=accumulation)
 
 
 def batch(model, vocab_size, seed):
@@ -240,27 +232,19 @@ def test_micro_batch_controller_ignores_the_window(method, toy_model_path, toy_t
     method_spec = get_method(method)
     trainers = []
     for accumulation in (1, 2):
-        args = method_spec.config_class(
-            output_dir=str(tmp_path / f"accumulation{accumulation}"),
+        args = toy_config(
+            method_spec.config_class,
+            tmp_path / f"accumulation{accumulation}",
             per_device_train_batch_size=4,
             gradient_accumulation_steps=accumulation,
             steps_per_generation=2,
             num_generations=4,
             max_completion_length=6,
-            report_to=[],
-            use_cpu=True,
-            bf16=False,
             **method_spec.defaults,
         )
-        trainer = method_spec.trainer_class(
-            model=toy_model_path,
-            reward_funcs=toy_reward,
-            args=args,
-            train_dataset=toy_dataset(8),
-            processing_class=toy_tokenizer,
+        trainer = toy_trainer(
+            method_spec.trainer_class, args, toy_model_path, toy_tokenizer, accumulation=accumulation
         )
-        trainer.model.train()
-        trainer.current_gradient_accumulation_steps = accumulation
         assert all(controller.statistic is None for controller in trainer.controllers.values())
         trainers.append(trainer)
     inputs = batch(trainers[0].model, len(toy_tokenizer), 14)

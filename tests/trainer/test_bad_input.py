@@ -17,7 +17,7 @@ import pytest
 import torch
 import trl.trainer.grpo_trainer
 from _support.distributed_run import ADAPTIVE_METHODS, ControllerRecorder, make_rollout, make_trainer, rollout_text
-from _support.grpo import make_grpo_batch, toy_config
+from _support.grpo import make_grpo_batch, toy_config, toy_trainer
 from datasets import DatasetDict
 from transformers import LlamaModel
 from trl import GRPOConfig, GRPOTrainer
@@ -288,13 +288,13 @@ def datasets_of(train, evaluation):
 def grpo_trainer(tokenizer, output_dir, train_dataset, eval_dataset=None, **keyword):
     # An iterable train set has no length: max_steps is required (transformers).
     args = toy_config(EntropyGRPOConfig, output_dir, per_device_train_batch_size=8, num_generations=4, max_steps=1)
-    return get_method("grpo").trainer_class(
-        model=build_toy_model(tokenizer),
-        reward_funcs=toy_reward,
-        args=args,
+    return toy_trainer(
+        get_method("grpo").trainer_class,
+        args,
+        build_toy_model(tokenizer),
+        tokenizer,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
         **keyword,
     )
 
@@ -465,19 +465,14 @@ def test_none_and_nan_rewards_are_handled_as_trl_does(method, warm_toy_policy_pa
 
     ours = make_trainer(method, warm_toy_policy_path, str(tmp_path / "ours"), max_steps=2)
     ours.reward_funcs, ours.reward_func_names = [partial_reward], ["partial_reward"]
-    trl_args = GRPOConfig(
-        output_dir=str(tmp_path / "trl"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
+    trl_args = toy_config(
+        GRPOConfig, tmp_path / "trl", per_device_train_batch_size=8, num_generations=4, max_completion_length=8
     )
-    reference = GRPOTrainer(
-        model=warm_toy_policy_path,
+    reference = toy_trainer(
+        GRPOTrainer,
+        trl_args,
+        warm_toy_policy_path,
         reward_funcs=partial_reward,
-        args=trl_args,
         train_dataset=build_toy_dataset(16),
         rollout_func=make_rollout(),
     )

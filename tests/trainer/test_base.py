@@ -12,14 +12,22 @@ from pathlib import Path
 import pytest
 import torch
 from _support.distributed_run import ADAPTIVE_METHODS
-from _support.grpo import ONE_STEP_RUN, SMALL_BATCH, TOY_CACHE, make_grpo_batch, toy_config
+from _support.grpo import (
+    ONE_STEP_RUN,
+    SMALL_BATCH,
+    TOY_CACHE,
+    make_grpo_batch,
+    on_policy_warnings,
+    toy_config,
+    toy_trainer,
+)
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
 from trl_entropy.core.head import install_entropy_head
 from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
-from trl_entropy.methods import get_method
-from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
+from trl_entropy.methods import METHODS, get_method
+from trl_entropy.toy import build_toy_dataset, build_toy_model
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,13 +65,7 @@ class RecordingTrainer(EntropyGRPOTrainer):
 
 
 def build(trainer_class, model, tokenizer, args):
-    trainer = trainer_class(
-        model=model,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(16),
-        processing_class=tokenizer,
-    )
+    trainer = toy_trainer(trainer_class, args, model, tokenizer, train_dataset=build_toy_dataset(16))
     trainer.model.train()
     return trainer
 
@@ -107,6 +109,46 @@ def test_clip_range_warns_once_when_on_policy(tmp_path, options, warns):
     assert len(inert) == (1 if warns else 0)
     if warns:
         assert "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps" in str(inert[0].message)
+
+
+# Generation layouts: (gradient_accumulation_steps, config options, whether every generation batch serves a single
+# optimizer step, so that training is fully on-policy).
+LAYOUTS = [
+    (1, {}, True),  # TRL's defaults: one pass, steps_per_generation = gradient_accumulation_steps
+    (2, {}, True),  # steps_per_generation follows the accumulation: still on-policy
+    (4, {"steps_per_generation": 2}, True),  # two generations inside one optimizer step, no pass repeated
+    (1, {"num_iterations": 2}, False),
+    (2, {"steps_per_generation": 4}, False),
+    (1, {"steps_per_generation": 2}, False),
+]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_on_policy_training_warns_at_most_once_and_only_on_policy(method, toy_model_path, toy_tokenizer, tmp_path):
+    """A method that acts only off-policy says so once, when its trainer is built, on every on-policy layout and on
+    none other, naming the settings that make it act; its loss steps add nothing. Its own test file checks that it
+    warns, in its words."""
+    spec = METHODS[method]
+    subjects = []
+    for index, (accumulation, options, on_policy) in enumerate(LAYOUTS):
+        messages = on_policy_warnings(
+            spec.trainer_class,
+            spec.config_class,
+            toy_model_path,
+            toy_tokenizer,
+            tmp_path / str(index),
+            accumulation,
+            **spec.defaults,
+            **options,
+        )
+        if not on_policy:
+            assert messages == [], (accumulation, options)
+            continue
+        assert len(messages) <= 1, messages
+        for message in messages:
+            assert "num_iterations > 1" in message and "steps_per_generation > gradient_accumulation_steps" in message
+        subjects.append([message.split(" with fully on-policy updates")[0] for message in messages])
+    assert all(found == subjects[0] for found in subjects), subjects  # the same warning on every on-policy layout
 
 
 def headless_model(tokenizer):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from _support.distributed_run import logged, make_trainer
-from _support.grpo import lora_config
+from _support.grpo import full_logit_log_probs, lora_config
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
@@ -23,14 +23,6 @@ class KernelCalls:
         self.calls += 1
         self.with_grad += int(hidden_states.requires_grad)
         return self.kernel(hidden_states, *args, **kwargs)
-
-
-def full_logit_log_probs(model, input_ids, attention_mask, completion_length):
-    """Log-probs of the completion tokens from the full logits, in float64 (no kernel)."""
-    with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-    log_probs = torch.log_softmax(logits[:, -completion_length - 1 : -1], -1)
-    return log_probs.gather(-1, input_ids[:, -completion_length:].unsqueeze(-1)).squeeze(-1)
 
 
 def probe_batch(tokenizer):

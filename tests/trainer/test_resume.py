@@ -19,10 +19,13 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from _support.distributed_run import logged
+import torch
+from _support.distributed_run import ADAPTIVE_METHODS, logged
+from _support.grpo import build_trainer
 from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
+from _support.stand_in_rank import StandInRank
 
-from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
+from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE, restore_entropy_control, save_entropy_control
 from trl_entropy.core.control import EntropyControlState
 from trl_entropy.methods import METHODS
 from trl_entropy.methods.clip_cov import CLIP_COV_GENERATOR_FILE
@@ -236,6 +239,51 @@ def test_checkpoint_without_what_resuming_needs_is_refused(missing, pushed_run, 
 # ---------------------------------------------------------------------------------------------------------------------
 # Two processes
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+# A method whose controller the generation cycle moves, from its partial sums (the registry's first).
+CYCLE_METHOD = next(name for name in ADAPTIVE_METHODS if not METHODS[name].moves_per_micro_batch)
+# Each rank's partial-cycle sums [Σ m·statistic, Σ m] when the checkpoint is saved.
+RANK_SUMS = ([6.0, 4.0], [3.0, 2.0])
+
+
+def test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks(
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
+):
+    """Rank 0 and rank 1 of two, stood in one after the other in one process: the checkpoint holds the world's partial
+    sums of the cycle, and after the resume the ranks' sums add up to them once (one rank takes them over), not once
+    per rank, which would double the statistic of the cycle's update. The two-process test below runs it for real."""
+    method = METHODS[CYCLE_METHOD]
+    trainer = build_trainer(
+        method.trainer_class, method.config_class, toy_model_path, toy_tokenizer, tmp_path, num_iterations=2
+    )
+    accelerator, cycle = trainer.accelerator, trainer.controller_cycle
+    (statistic,) = {controller.statistic for controller in trainer.controllers.values()}
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def stand_in(rank: int, others: list[float]) -> None:
+        monkeypatch.setattr(trainer, "accelerator", StandInRank(accelerator, rank, 2, torch.tensor([others])))
+
+    for rank, other in ((0, 1), (1, 0)):  # each rank saves its part, after the first of the cycle's two micro-batches
+        stand_in(rank, RANK_SUMS[other])
+        cycle.statistics, cycle.optimizer_steps = {statistic: torch.tensor(RANK_SUMS[rank])}, 1
+        trainer.micro_step, trainer.buffered_generation_batch = 1, {"rank": torch.tensor(rank)}
+        save_entropy_control(trainer, checkpoint)
+    world = [a + b for a, b in zip(*RANK_SUMS, strict=True)]
+    stored = trainer.state.stateful_callbacks[EntropyControlState.__name__]
+    assert stored["attributes"]["snapshot"]["cycle_statistics"] == {statistic: world}
+    trainer.state.stateful_callbacks = json.loads(json.dumps(trainer.state.stateful_callbacks))  # as the file holds it
+
+    restored = []
+    for rank in (0, 1):
+        stand_in(rank, [0.0, 0.0])
+        cycle.statistics, cycle.optimizer_steps = {}, 0
+        trainer.micro_step, trainer.buffered_generation_batch = 0, None
+        restore_entropy_control(trainer, checkpoint)
+        assert (trainer.micro_step, cycle.optimizer_steps) == (1, 1)
+        assert trainer.buffered_generation_batch["rank"].item() == rank  # its own generation batch
+        restored.append(cycle.statistics[statistic].tolist())
+    assert [a + b for a, b in zip(*restored, strict=True)] == world, restored
 
 
 def repo_r_rank(model: str, output_dir: str, resume_from: str | None) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support.grpo import toy_config
+from _support.grpo import toy_config, toy_trainer
 from _support.process import run_forked
 from transformers import set_seed
 from trl import GRPOConfig, GRPOTrainer
@@ -37,12 +37,12 @@ def test_a_plain_grpo_config_trains_every_trainer(name, warm_toy_policy_path, to
     defaults = method.config_class(output_dir=str(tmp_path), **COMMON)
     grpo_args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, learning_rate=5e-4, **COMMON)
     with caplog.at_level(logging.WARNING, logger="trl_entropy.core.config"):
-        trainer = method.trainer_class(
-            model=warm_toy_policy_path,
-            reward_funcs=toy_reward,
-            args=grpo_args,
+        trainer = toy_trainer(
+            method.trainer_class,
+            grpo_args,
+            warm_toy_policy_path,
+            toy_tokenizer,
             train_dataset=build_toy_dataset(16, seed=0),
-            processing_class=toy_tokenizer,
         )
     notices = [r for r in caplog.records if f"built a {method.config_class.__name__} from the GRPOConfig" in r.message]
     assert len(notices) == 1
@@ -73,13 +73,13 @@ def test_another_methods_config_is_refused(toy_model_path, toy_tokenizer, tmp_pa
 
 def evaluate(trainer_class, config_class, path, tokenizer, output_dir, **options):
     set_seed(0)
-    trainer = trainer_class(
-        model=path,
-        reward_funcs=toy_reward,
-        args=config_class(output_dir=str(output_dir), per_device_eval_batch_size=8, **COMMON, **options),
+    trainer = toy_trainer(
+        trainer_class,
+        toy_config(config_class, output_dir, per_device_eval_batch_size=8, **COMMON, **options),
+        path,
+        tokenizer,
         train_dataset=build_toy_dataset(16, seed=0),
         eval_dataset=build_toy_dataset(8, seed=1, split="test"),
-        processing_class=tokenizer,
     )
     controllers = {name: c.state_dict() for name, c in getattr(trainer, "controllers", {}).items()}
     metrics = trainer.evaluate()
@@ -121,18 +121,14 @@ def check_liger_keeps_the_entropy_head(model_path: str, output_dir: str) -> None
 
     for name in LIGER_METHODS:
         spec = METHODS[name]
-        trainer = spec.trainer_class(
-            model=model_path,
-            reward_funcs=toy_reward,
-            args=toy_config(
-                spec.config_class,
-                Path(output_dir) / name,
-                use_liger_kernel=True,
-                per_device_train_batch_size=8,
-                num_generations=4,
-            ),
-            train_dataset=build_toy_dataset(8),
+        args = toy_config(
+            spec.config_class,
+            Path(output_dir) / name,
+            use_liger_kernel=True,
+            per_device_train_batch_size=8,
+            num_generations=4,
         )
+        trainer = toy_trainer(spec.trainer_class, args, model_path, train_dataset=build_toy_dataset(8))
         assert trainer.args.liger_kernel_config["fused_linear_cross_entropy"] is False
         head_forward = trainer.model.forward.__func__
         apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
@@ -176,10 +172,8 @@ def references_row(trainer_name: str) -> str:
 @pytest.mark.parametrize("name", sorted(TRAINERS))
 def test_the_model_card_names_the_method_and_cites_its_paper_next_to_grpos(name, toy_model_path, tmp_path):
     method = TRAINERS[name]
-    args = method.config_class(output_dir=str(tmp_path), **{**COMMON, **method.defaults})
-    trainer = method.trainer_class(
-        model=toy_model_path, reward_funcs=toy_reward, args=args, train_dataset=build_toy_dataset(8)
-    )
+    args = toy_config(method.config_class, tmp_path, **{**COMMON, **method.defaults})
+    trainer = toy_trainer(method.trainer_class, args, toy_model_path, train_dataset=build_toy_dataset(8))
     trainer.create_model_card(model_name="toy")
     card = (tmp_path / "README.md").read_text()
     method_name, title, arxiv_id, tag = MODEL_CARDS[name]

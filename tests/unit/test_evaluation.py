@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _support.grpo import toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import (
@@ -135,25 +136,18 @@ def stand_in_trainer(trainer_class, config_class, path, tokenizer, output_dir):
     from datasets import Dataset
 
     rows = [{"prompt": f"{count}+{repeat}=", "hits": count} for count in HITS for repeat in range(PROMPT_REPEATS)]
-    args = config_class(
-        output_dir=str(output_dir),
+    args = toy_config(
+        config_class,
+        output_dir,
         per_device_train_batch_size=8,
         per_device_eval_batch_size=8,
         num_generations=4,
         max_completion_length=1,  # the reward reads the first token only
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
         seed=0,
     )
     dataset = Dataset.from_list(rows)
-    return trainer_class(
-        model=path,
-        reward_funcs=first_token_reward,
-        args=args,
-        train_dataset=dataset,
-        eval_dataset=dataset,
-        processing_class=tokenizer,
+    return toy_trainer(
+        trainer_class, args, path, tokenizer, first_token_reward, train_dataset=dataset, eval_dataset=dataset
     )
 
 
@@ -343,18 +337,12 @@ def test_fit_entropy_law_rejects_unpaired_input():
 def test_entropy_law_callback_logs_once_well_posed(
     trainer_class, config_class, toy_model_path, toy_tokenizer, tmp_path
 ):
-    from trl_entropy.toy import build_toy_dataset, toy_reward
+    from trl_entropy.toy import build_toy_dataset
 
     args = config_class(
         output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_train_batch_size=4, num_generations=4
     )
-    trainer = trainer_class(
-        model=toy_model_path,
-        reward_funcs=toy_reward,
-        args=args,
-        train_dataset=build_toy_dataset(8),
-        processing_class=toy_tokenizer,
-    )
+    trainer = toy_trainer(trainer_class, args, toy_model_path, toy_tokenizer, train_dataset=build_toy_dataset(8))
     trainer.add_callback(EntropyLawCallback(trainer))
     entropy = np.linspace(1.0, 0.2, 14)
     reward = -0.25 * np.exp(entropy) + 0.95 + 0.01 * np.cos(np.arange(14))

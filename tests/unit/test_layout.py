@@ -1,13 +1,12 @@
 """The layout's rules, read from the source so that they hold after every change: one file per method, each reading
 math → controller → config → trainer; only core/trl_bridge.py touches TRL's or Trainer's private names (methods
-never do); no method imports another; no import circles; files past their size budget warn; nothing cites a file
-outside the repository."""
+never do); no method imports another; no import circles; files stay within their size budget, but for the exceptions
+named with their reason in one place; nothing cites a file outside the repository."""
 
 import ast
 import inspect
 import subprocess
 import textwrap
-import warnings
 from functools import cache
 from pathlib import Path
 
@@ -143,16 +142,31 @@ def test_each_method_file_reads_math_controller_config_trainer(path):
     assert 3 in sections, f"{path.name} has no trainer"
 
 
-@pytest.mark.parametrize(
-    ("path", "budget"),
-    [(ROOT / "trl_entropy" / "core" / "trainer.py", 350)] + [(path, 250) for path in METHOD_FILES],
-    ids=lambda value: value.name if isinstance(value, Path) else str(value),
-)
-def test_files_past_their_budget_warn(path, budget):
-    """A size budget is a prompt to split a file by its jobs, not a rule: a file past it warns."""
-    lines = len(path.read_text().splitlines())
-    if lines >= budget:
-        warnings.warn(f"{path.relative_to(ROOT)} has {lines} lines, past its budget of {budget}", stacklevel=1)
+# The lines each file may hold: a file past its budget is split by its jobs.
+BUDGETS = {"trl_entropy/core/trainer.py": 350} | {path.relative_to(ROOT).as_posix(): 250 for path in METHOD_FILES}
+# The files past their budget for now, each with why; every one is still past it (else its entry goes).
+OVER_BUDGET = {
+    "trl_entropy/core/trainer.py": "the loss step and every hook it opens, in the order they run: issue 43 rewrites "
+    "them as one numbered sequence with one seam per place (combination as data), and splitting the file before that "
+    "rewrite would cut the sequence it puts in one place",
+}
+
+
+@pytest.mark.parametrize(("name", "budget"), sorted(BUDGETS.items()), ids=lambda value: str(value).split("/")[-1])
+def test_files_stay_within_their_budget(name, budget):
+    lines = len((ROOT / name).read_text().splitlines())
+    if name in OVER_BUDGET:
+        assert lines >= budget, f"{name} has {lines} lines, within its budget of {budget}: take it out of OVER_BUDGET"
+    else:
+        assert lines < budget, (
+            f"{name} has {lines} lines, past its budget of {budget}: split it by its jobs, or name it in OVER_BUDGET "
+            "with the reason"
+        )
+
+
+def test_every_budget_exception_names_a_budgeted_file_and_a_reason():
+    assert set(OVER_BUDGET) <= set(BUDGETS)
+    assert all(reason.strip() for reason in OVER_BUDGET.values())
 
 
 def module_name(path: Path) -> str:

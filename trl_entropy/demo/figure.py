@@ -1,5 +1,5 @@
 """The demo's figure, ``entropy_collapse.png``: entropy and reward curves of both phases, pass@k against k, task-B
-success before and after phase 2."""
+success before and after phase 2, and held-out pass@1 along training when it was evaluated there."""
 
 from trl_entropy.report.runlog import moving_average
 
@@ -72,12 +72,16 @@ def plot(
     initial_pass_at_k: dict[int, float],
     path: str,
     window: int,
-    title: str = "",
+    title: str,
+    labels: dict[str, str],
+    along: dict[str, dict] | None = None,
 ) -> list[str]:
-    """Top row, phase 1 on task A: entropy (log scale), training reward, held-out pass@k against k. Bottom row,
-    phase 2 (plain GRPO on task B from each phase-1 policy): entropy, training reward, and held-out task-B pass@1
-    before and after. Curves are moving averages over ``window`` optimizer steps (means over seeds). Returns the
-    panels' titles."""
+    """Top row, phase 1 on task A: entropy (log scale), training reward, held-out pass@k against k, and with
+    ``along`` (:func:`trl_entropy.demo.summary.along_training`) held-out pass@1 against the step with its 95 %
+    interval. Bottom row, phase 2 (plain GRPO on task B from each phase-1 policy): entropy, training reward, and
+    held-out task-B pass@1 before and after. Curves are moving averages over ``window`` optimizer steps (means over
+    seeds). ``labels`` name the panels' tasks and held-out set (:meth:`trl_entropy.demo.models.DemoModel.labels`).
+    Returns the panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,11 +89,11 @@ def plot(
 
     names = list(phase1)
     styles = run_styles(names)
-    rows = 2 if phase2 else 1
-    figure, axes = plt.subplots(rows, 3, figsize=(19, 5.4 * rows), squeeze=False)
-    panels = [(0, phase1, "task A (addition), phase 1")]
+    rows, columns = (2 if phase2 else 1), (4 if along else 3)
+    figure, axes = plt.subplots(rows, columns, figsize=(6.3 * columns, 5.4 * rows), squeeze=False)
+    panels = [(0, phase1, labels["phase1"])]
     if phase2:
-        panels.append((1, phase2, "task B (subtraction), phase 2 (GRPO)"))
+        panels.append((1, phase2, labels["phase2"]))
     for row, histories, label in panels:
         entropy_axis, reward_axis = axes[row][0], axes[row][1]
         ends = {0: [], 1: []}
@@ -117,12 +121,28 @@ def plot(
     pass_axis.set_xscale("log", base=2)
     pass_axis.set_xticks(ks, [str(k) for k in ks])
     pass_axis.set(
-        title="Held-out pass@k, task A, after phase 1",
+        title=f"Held-out pass@k, {labels['task']}, after phase 1",
         xlabel="k (samples per problem)",
-        ylabel="pass@k (80 held-out problems)",
+        ylabel=f"pass@k ({labels['held_out']})",
     )
     pass_axis.grid(alpha=0.3)
     pass_axis.legend(fontsize=8, loc="upper left")  # the curves rise from the lower left
+
+    if along:
+        along_axis = axes[0][3]
+        for name, points in along.items():
+            steps = sorted(points)
+            intervals = [points[step][1] for step in steps]
+            along_axis.plot(steps, [i.mean for i in intervals], marker="o", markersize=3.5, label=name, **styles[name])
+            low, high = [i.low for i in intervals], [i.high for i in intervals]
+            along_axis.fill_between(steps, low, high, color=styles[name]["color"], alpha=0.12, linewidth=0)
+        along_axis.set(
+            title=f"Held-out pass@1, {labels['task']}, along training (95 % interval)",
+            xlabel="optimizer step",
+            ylabel=f"pass@1 ({labels['held_out']})",
+        )
+        along_axis.grid(alpha=0.3)
+        along_axis.legend(fontsize=8)
 
     if phase2:
         gain_axis = axes[1][2]
@@ -142,7 +162,7 @@ def plot(
         gain_axis.set_xticks(range(len(names)), names, rotation=30)
         gain_axis.set(
             title="Held-out pass@1, task B: before (o) and after (●) phase 2",
-            ylabel="pass@1 (80 held-out problems)",
+            ylabel=f"pass@1 ({labels['held_out']})",
         )
         gain_axis.grid(alpha=0.3, axis="y")
     if title:

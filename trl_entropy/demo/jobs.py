@@ -1,16 +1,15 @@
-"""One job of the demo: train (or not) one policy on one task, then evaluate it on the held-out problems of both
-tasks; its result is a dict of plain values (what the worker processes write as JSON)."""
+"""One job of the demo: train (or not) one policy on one task, then evaluate it on the held-out problems of every
+task of its model; its result is a dict of plain values (what the worker processes write as JSON)."""
 
 import os
 import time
 from dataclasses import dataclass
 
-from transformers import PrinterCallback, TrainerCallback
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from trl_entropy.methods import get_method
-from trl_entropy.toy import TOY_TRAINING_DEFAULTS, toy_training_set
 
-from .arguments import TASK_A, TASK_B, TASK_NAMES
+from .models import DEMO_MODELS, TASK_A, TASK_B, TASK_NAMES
 
 
 @dataclass
@@ -27,6 +26,9 @@ class Job:
     steps: int
     num_prompts: int
     num_samples: int
+    model: str = "toy"  # a key of DEMO_MODELS
+    eval_steps: int | None = None  # held-out evaluations along training, every this many steps
+    threads: int = 1  # torch's threads in the job's process
 
     @property
     def key(self) -> str:
@@ -55,57 +57,76 @@ class StepReporter(TrainerCallback):
         self.report()
 
 
-def task_training_set(operator: str, num_prompts: int, num_rows: int, seed: int):
-    """Task A is the toy recipe's training set; task B is the same construction over subtraction problems."""
-    return toy_training_set(num_prompts, num_rows, seed=seed, operators=(operator,))
+def evaluate(trainer, job: Job, operator: str) -> tuple[list[int], dict[str, float]]:
+    """Each held-out problem's correct count out of ``job.num_samples`` samples of the trainer's current policy, in
+    the held-out set's order (what the intervals resample), and pass@k for k = 1, 2, 4 ... ``num_samples``. Every
+    evaluation of a job draws its samples from the job's seed."""
+    from trl_entropy.evaluation import count_correct, pass_at_k, pass_at_k_values
+
+    held_out = DEMO_MODELS[job.model].held_out_set(operator)
+    counts = count_correct(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
+    values = {str(k): float(pass_at_k(job.num_samples, counts, k).mean()) for k in pass_at_k_values(job.num_samples)}
+    return counts.tolist(), values
 
 
-def held_out_set(operator: str):
-    """Every held-out problem of one task (80), in a fixed order."""
-    from trl_entropy.toy import build_toy_dataset, toy_problems
+class HeldOutEvaluation(TrainerCallback):
+    """Every ``job.eval_steps`` optimizer steps before the last (the job evaluates after training anyway): pass@k on
+    the held-out problems of the task trained on, logged as ``eval/pass@k`` at that step (as
+    :class:`trl_entropy.PassAtKCallback` logs it, without TRL's own evaluation loop) and kept in ``evaluations``."""
 
-    return build_toy_dataset(len(toy_problems("test", (operator,))), split="test", operators=(operator,))
+    def __init__(self, trainer, job: Job, operator: str):
+        self.trainer, self.job, self.operator = trainer, job, operator
+        self.evaluations: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.job.eval_steps or state.global_step >= state.max_steps:
+            return
+        correct, values = evaluate(self.trainer, self.job, self.operator)
+        self.evaluations.append({"step": state.global_step, "correct": correct, "pass_at_k": values})
+        should_log = control.should_log
+        # Trainer.log, not the GRPO trainer's override: that one would also flush the metrics it is accumulating.
+        Trainer.log(self.trainer, {f"eval/pass@{k}": value for k, value in values.items()})
+        control.should_log = should_log  # Trainer.log clears it, and the step's own training log is still to come
 
 
 def run_job(job: Job, report=lambda: None) -> dict:
-    """Train and evaluate one job in this process; returns its log, pass@k on both tasks, law fit and timings."""
+    """Train and evaluate one job in this process; returns its log, pass@k on every task (and along training, with
+    ``eval_steps``), law fit and timings."""
     import torch
-    from transformers import PreTrainedTokenizerFast
 
-    from trl_entropy.evaluation import EntropyLawCallback, count_correct, pass_at_k, pass_at_k_values
-    from trl_entropy.toy import toy_reward
+    from trl_entropy.evaluation import EntropyLawCallback
 
-    torch.set_num_threads(1)  # the toy model is tiny: more threads only add overhead
+    # One thread for the toy (it is tiny: more only add overhead); the real model's share of the cores otherwise.
+    torch.set_num_threads(job.threads)
+    model = DEMO_MODELS[job.model]
     method = get_method(job.method)
-    batch = TOY_TRAINING_DEFAULTS["per_device_train_batch_size"]
-    training = dict(TOY_TRAINING_DEFAULTS, max_steps=max(job.steps, 1), logging_steps=1, disable_tqdm=True)
+    batch = model.training["per_device_train_batch_size"]
+    training = dict(model.training, max_steps=max(job.steps, 1), logging_steps=1, disable_tqdm=True)
     values = {**training, **method.defaults, **job.settings}  # the run's config overrides the registry defaults
     args = method.config_class(output_dir=job.output_dir, seed=job.seed, **values)
     operator = TASK_B if job.phase == 2 else TASK_A
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(job.model_path)
+    tokenizer = model.tokenizer(job.model_path)
     trainer = method.trainer_class(
         model=job.model_path,
-        reward_funcs=toy_reward,
+        reward_funcs=model.reward(),
         args=args,
-        train_dataset=task_training_set(operator, job.num_prompts, max(job.steps, 1) * batch, job.seed),
+        train_dataset=model.training_set(operator, job.num_prompts, max(job.steps, 1) * batch, job.seed),
         processing_class=tokenizer,
     )
     trainer.remove_callback(PrinterCallback)  # no line per step: the demo prints one summary per run
     trainer.add_callback(EntropyLawCallback(trainer))
+    along = HeldOutEvaluation(trainer, job, operator)
+    if job.eval_steps is not None and job.steps > 0:
+        trainer.add_callback(along)
     trainer.add_callback(StepReporter(report))
     wall_start, cpu_start = time.perf_counter(), time.process_time()
     if job.steps > 0:
         trainer.train()
     wall_time, cpu_time = time.perf_counter() - wall_start, time.process_time() - cpu_start
     correct, pass_at = {}, {}
-    for task in (TASK_A, TASK_B):
-        held_out = held_out_set(task)
-        counts = count_correct(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
-        correct[task] = counts.tolist()
-        pass_at[task] = {
-            str(k): float(pass_at_k(job.num_samples, counts, k).mean()) for k in pass_at_k_values(job.num_samples)
-        }
-    if job.phase == 1:
+    for task in model.tasks:
+        correct[task], pass_at[task] = evaluate(trainer, job, task)
+    if job.phase == 1 and len(model.tasks) > 1:  # phase 2 starts from it
         trainer.save_model(job.policy_path)
         tokenizer.save_pretrained(job.policy_path)
     laws = [entry for entry in trainer.state.log_history if "entropy/law_a" in entry]
@@ -117,6 +138,8 @@ def run_job(job: Job, report=lambda: None) -> dict:
         # Correct completions out of num_samples per held-out problem, in held_out_set's order: what the intervals
         # resample.
         "correct": correct,
+        # The evaluations along training (eval_steps), before the last step's (pass_at_k), on the task trained on.
+        "evaluations": along.evaluations,
         "law": {key: laws[-1][f"entropy/{key}"] for key in ("law_a", "law_b", "predicted_ceiling")} if laws else None,
         "wall_time_s": wall_time,
         "cpu_time_s": cpu_time,
@@ -129,7 +152,7 @@ def write_trainer_state(trainer, job: Job, pass_at: dict[str, dict[str, float]])
     on (task A for the start policy), ``eval/<other task>/pass@k`` on the other."""
     trained = TASK_B if job.phase == 2 else TASK_A
     entry = {f"eval/pass@{k}": value for k, value in pass_at[trained].items()}
-    for task in (TASK_A, TASK_B):
+    for task in pass_at:
         if task != trained:
             entry |= {f"eval/{TASK_NAMES[task]}/pass@{k}": value for k, value in pass_at[task].items()}
     trainer.state.log_history.append({**entry, "step": trainer.state.global_step})

@@ -7,16 +7,17 @@ import os
 import time
 
 from trl_entropy.report import missing_matplotlib
-from trl_entropy.toy import TOY_TRAINING_DEFAULTS
 
-from .arguments import TASK_A, TASK_B, WARM_START_STEPS, DemoArguments, run_settings
+from .arguments import DemoArguments, run_settings
 from .figure import plot
 from .jobs import Job
+from .models import CLONE_CONFIGS_DIR, DEMO_MODELS, TASK_A, TASK_B
 from .provenance import cpu_seconds, versions
 from .scheduler import execute
-from .summary import average, interval_scope, interval_summaries, mean, summarise
+from .summary import along_training, average, interval_scope, interval_summaries, mean, pooled_law, summarise
 from .tables import (
     PHASE2_INTERVAL_COLUMNS,
+    format_along_training_table,
     format_interval_table,
     format_markdown_table,
     format_table,
@@ -27,9 +28,9 @@ from .tables import (
 
 
 def run_demo(demo: DemoArguments) -> dict[str, dict]:
-    """Run every job (each seed's start policy, each run's two phases), write history.json, then the tables and the
-    figure (:func:`write_outputs`); returns each run's summary (means over seeds)."""
-    from trl_entropy.toy import build_toy_policy
+    """Run every job (each seed's start policy, each run's phases), write history.json, then the tables and the
+    figures (:func:`write_outputs`); returns each run's summary (means over seeds)."""
+    import torch
 
     problem = missing_matplotlib("the demo draws its curves")
     if problem:  # before any training
@@ -39,18 +40,25 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
     settings = {name: run_settings(name, demo) for name in demo.methods}  # fail before any training on a bad run
     provenance = versions()
     os.makedirs(demo.output_dir, exist_ok=True)
+    model = DEMO_MODELS[demo.model]
     seeds = [demo.seed + offset for offset in range(demo.num_seeds)]
     jobs, after = [], {}
     grpo_settings = run_settings("grpo", demo)[1]
+    # The real model shares torch's threads (its default, or OMP_NUM_THREADS) among the workers; the toy uses one (more
+    # only add overhead on a model that small).
+    threads = max(1, torch.get_num_threads() // demo.workers) if model.pretrained else 1
     for seed in seeds:
         seed_dir = os.path.join(demo.output_dir, f"seed{seed}")
-        model, tokenizer = build_toy_policy(
-            seed=seed, warm_start_steps=WARM_START_STEPS, cache_dir=demo.toy_policy_cache, operators=(TASK_A, TASK_B)
-        )
-        initial = os.path.join(seed_dir, "initial_policy")
-        model.save_pretrained(initial)  # every run of this seed starts from these exact weights
-        tokenizer.save_pretrained(initial)
-        common = {"seed": seed, "num_prompts": demo.num_prompts, "num_samples": demo.num_samples, "steps": 0}
+        cache_dir = demo.model_cache_dir if model.pretrained else demo.toy_policy_cache
+        initial = model.start_policy(seed, seed_dir, cache_dir)
+        common = {
+            "seed": seed,
+            "num_prompts": demo.num_prompts,
+            "num_samples": demo.num_samples,
+            "steps": 0,
+            "model": demo.model,
+            "threads": threads,
+        }
         start_dir = os.path.join(seed_dir, "start")
         jobs.append(Job("start", 0, method="grpo", settings={}, model_path=initial, output_dir=start_dir, **common))
         for name, (method, values) in settings.items():
@@ -62,7 +70,7 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
                 settings=values,
                 model_path=initial,
                 output_dir=phase1_dir,
-                **dict(common, steps=demo.max_steps),
+                **dict(common, steps=demo.max_steps, eval_steps=demo.eval_steps),
             )
             jobs.append(first)
             if demo.phase2_steps:
@@ -96,13 +104,15 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
                 "versions": provenance,
                 "total_wall_time_s": total_time,
                 "total_cpu_time_s": total_cpu,
-                "training": TOY_TRAINING_DEFAULTS,
-                "warm_start_steps": WARM_START_STEPS,
+                "training": model.training,
+                **model.provenance(),
                 "runs": {name: {"method": method, "settings": values} for name, (method, values) in settings.items()},
-                "initial_policy": {
-                    "pass_at_k_task_a": initial_pass_at_k(initial),
-                    "pass_at_1_task_b": mean([run["pass_at_k"][TASK_B]["1"] for run in initial.values()]),
-                },
+                "initial_policy": {"pass_at_k_task_a": initial_pass_at_k(initial)}
+                | (
+                    {"pass_at_1_task_b": mean([run["pass_at_k"][TASK_B]["1"] for run in initial.values()])}
+                    if TASK_B in model.tasks
+                    else {}
+                ),
                 "summaries": {name: average(runs) for name, runs in per_seed.items()},
                 "per_seed": {name: dict(zip(map(str, seeds), runs)) for name, runs in per_seed.items()},
                 "histories": {name: result(seeds[0], name, 1)["history"] for name in demo.methods},
@@ -150,10 +160,12 @@ def load_history(path: str) -> dict:
 
 def write_outputs(history_path: str) -> dict[str, dict]:
     """Compute the tables from a saved history.json (no training), print them, and write table.md and
-    entropy_collapse.png beside it; returns each run's summary (means over seeds). ``--from_history`` calls this."""
+    entropy_collapse.png beside it, and for a pretrained model each seed's ``trl-entropy report`` (report.png and
+    report.md in its folder); returns each run's summary (means over seeds). ``--from_history`` calls this."""
     history = load_history(history_path)
     output_dir = os.path.dirname(os.path.abspath(history_path))
     arguments = history["arguments"]
+    model = DEMO_MODELS[arguments.get("model", "toy")]
     num_samples, smoothing, phase2_steps = arguments["num_samples"], arguments["smoothing"], arguments["phase2_steps"]
     seeds = list(history["all_seeds"])
     names = list(history["runs"])
@@ -162,7 +174,7 @@ def write_outputs(history_path: str) -> dict[str, dict]:
         name: average([summarise(phases["1"], phases.get("2"), smoothing) for phases in runs[name]]) for name in names
     }
     start = initial_pass_at_k(history["initial_evaluations"])
-    start_b = mean([run["pass_at_k"][TASK_B]["1"] for run in history["initial_evaluations"].values()])
+    num_held_out = len(next(iter(history["initial_evaluations"].values()))["correct"][TASK_A])
     intervals = interval_summaries(runs, num_samples, smoothing)
     interval_text = [
         format_interval_table(intervals, phase1_interval_columns(num_samples), len(seeds)),
@@ -171,42 +183,59 @@ def write_outputs(history_path: str) -> dict[str, dict]:
     if phase2_steps:
         interval_text.append(format_interval_table(intervals, PHASE2_INTERVAL_COLUMNS, len(seeds), suffix="→B"))
         tables.append(format_markdown_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
-    scope = interval_scope(len(seeds))
+    scope = interval_scope(len(seeds), num_held_out)
+    along = along_training(history["initial_evaluations"], runs, num_samples, arguments["max_steps"])
+    extra = []
+    if along:
+        extra.append(
+            f"Held-out pass@k along training (the start policy at step 0; means and 95 % intervals, {scope}):\n\n"
+            + format_along_training_table(along, num_samples)
+        )
+    if model.pretrained:
+        extra.append(pooled_law(runs))
     with open(os.path.join(output_dir, "table.md"), "w") as file:
         file.write(
             f"Means and 95 % intervals ({scope}):\n\n"
             + "\n\n".join(interval_text)
             + "\n\nEvery number, means over seeds:\n\n"
             + "\n\n".join(tables)
+            + "".join(f"\n\n{text}" for text in extra)
             + "\n"
         )
     print()
     print(
-        f"Phase 1, task A (addition); the start policy: pass@1 {start[1]:.3f}, "
+        f"Phase 1, {model.task_label(TASK_A)}; the start policy: pass@1 {start[1]:.3f}, "
         f"pass@{num_samples} {start[num_samples]:.3f}"
     )
     print(format_table(summaries, phase1_columns(num_samples)))
     if phase2_steps:
+        start_b = mean([run["pass_at_k"][TASK_B]["1"] for run in history["initial_evaluations"].values()])
         print(f"\nPhase 2, plain GRPO on task B (subtraction); the start policy's B pass@1: {start_b:.3f}")
         print(format_table(summaries, phase2_columns(len(seeds)), suffix="→B"))
     print(f"\nMeans and 95 % intervals ({scope}):\n")
     print("\n\n".join(interval_text))
-    # The picture last: the tables are out even if drawing fails.
+    for text in extra:
+        print(f"\n{text}")
+    # The pictures last: the tables are out even if drawing fails.
     png = os.path.join(output_dir, "entropy_collapse.png")
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]} (mean)"
-    title = (
-        f"Toy task, {arguments['num_prompts']} prompts per task, {arguments['max_steps']} + {phase2_steps} steps, "
-        f"{seed_text}, "
-        + (
-            "library defaults"
-            if arguments["paper_defaults"] or arguments.get("configs_dir", "") is None
-            else "settings of examples/configs"
-        )
+    steps_text = (
+        f"{arguments['max_steps']} + {phase2_steps} steps" if phase2_steps else f"{arguments['max_steps']} steps"
+    )
+    configs = f"settings of {model.configs_dir.relative_to(CLONE_CONFIGS_DIR.parents[1])}"
+    title = f"{model.title}, {arguments['num_prompts']} prompts per task, {steps_text}, {seed_text}, " + (
+        "library defaults" if arguments["paper_defaults"] or arguments.get("configs_dir", "") is None else configs
     )
     phase1 = {name: [phases["1"]["history"] for phases in runs[name]] for name in names}
     phase2 = {name: [phases["2"]["history"] for phases in runs[name]] for name in names} if phase2_steps else {}
-    plot(phase1, phase2, summaries, start, png, smoothing, title)
+    plot(phase1, phase2, summaries, start, png, smoothing, title, model.labels(num_held_out), along)
     print(f"\nCurves: {png}")
+    if model.pretrained:  # the project's own report of each seed's runs: controllers, the law, pass@k along training
+        from trl_entropy.report import write_report
+
+        for seed in seeds:
+            report = write_report(os.path.join(output_dir, f"seed{seed}"))
+            print(f"Report of seed {seed}: {report.png} ({len(report.panels)} panels)")
     print(
         f"Total: {history['total_wall_time_s']:.0f} s wall, {history['total_cpu_time_s']:.0f} s of CPU time over "
         f"{arguments['workers']} worker(s); numeric path: {history['versions'].get('aten_cpu_capability')}"

@@ -10,8 +10,8 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from .arguments import TASK_A, TASK_B
 from .jobs import Job, run_job
+from .models import TASK_A, TASK_B
 
 
 def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
@@ -26,9 +26,11 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
     def finish(job: Job, result: dict) -> None:
         results[job.key] = result
         line = f"[demo] {job.key}: {job.steps} steps in {result['wall_time_s']:.0f} s"
-        if job.phase:
+        if job.phase or TASK_B not in result["pass_at_k"]:
             line += f", task-A pass@1 {result['pass_at_k'][TASK_A]['1']:.3f}"
-        bar.write(line + f", task-B pass@1 {result['pass_at_k'][TASK_B]['1']:.3f}")
+        if TASK_B in result["pass_at_k"]:
+            line += f", task-B pass@1 {result['pass_at_k'][TASK_B]['1']:.3f}"
+        bar.write(line)
 
     pending = list(jobs)
     if workers == 1:

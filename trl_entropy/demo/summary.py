@@ -8,7 +8,8 @@ import numpy as np
 
 from trl_entropy.report.runlog import moving_average
 
-from .arguments import FULL_SEEDS, TASK_A, TASK_B
+from .arguments import FULL_SEEDS
+from .models import TASK_A, TASK_B
 
 
 def curves(history: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
@@ -46,10 +47,11 @@ def summarise(phase1: dict, phase2: dict | None, window: int) -> dict:
         "law_a": law.get("law_a", math.nan),
         "law_b": law.get("law_b", math.nan),
         "law_ceiling": law.get("predicted_ceiling", math.nan),
-        "b_start": phase1["pass_at_k"][TASK_B]["1"],
         "wall_time_s": phase1["wall_time_s"],
         "cpu_time_s": phase1["cpu_time_s"],
     }
+    if TASK_B in phase1["pass_at_k"]:
+        summary["b_start"] = phase1["pass_at_k"][TASK_B]["1"]
     if phase2 is not None:
         b_reward = curves(phase2["history"])["reward"][1]
         b_tenth = max(1, len(b_reward) // 10)
@@ -140,15 +142,66 @@ def interval_summaries(runs: dict[str, list[dict]], num_samples: int, smoothing:
     return intervals
 
 
-def interval_scope(num_seeds: int) -> str:
+def interval_scope(num_seeds: int, num_held_out: int) -> str:
     """What the intervals resample, and which claims need --full."""
     if num_seeds == 1:
         return (
-            "one seed: the intervals resample the 80 held-out problems only, not the seed-to-seed spread, and per-run "
-            "numbers (entropy, training reward, phase-2 gain) have none; whether a method differs from GRPO needs "
-            f"--full ({FULL_SEEDS} seeds)"
+            f"one seed: the intervals resample the {num_held_out} held-out problems only, not the seed-to-seed "
+            "spread, and per-run numbers (entropy, training reward, phase-2 gain) have none; whether a method differs "
+            f"from GRPO needs --full ({FULL_SEEDS} seeds)"
         )
     return (
-        f"two-level bootstrap over the {num_seeds} seeds and, within each, the 80 held-out problems; each difference "
-        "to GRPO paired (the same seeds and problems resampled for both)"
+        f"two-level bootstrap over the {num_seeds} seeds and, within each, the {num_held_out} held-out problems; each "
+        "difference to GRPO paired (the same seeds and problems resampled for both)"
+    )
+
+
+def along_training(
+    initial: dict[str, dict], runs: dict[str, list[dict]], num_samples: int, max_steps: int
+) -> dict[str, dict]:
+    """Held-out pass@1 and pass@``num_samples`` of each run at each step it was evaluated (the start policy at step
+    0, the evaluations along training, step ``max_steps``), ``{run: {step: {k: Interval}}}``: means over seeds and
+    held-out problems with their bootstrap intervals. Empty when no run was evaluated along training."""
+    from trl_entropy.evaluation import bootstrap_mean, pass_at_k
+
+    if not any(phases["1"].get("evaluations") for seeds in runs.values() for phases in seeds):
+        return {}
+    start = [np.asarray(run["correct"][TASK_A]) for run in initial.values()]
+    table = {}
+    for name, seeds in runs.items():
+        counts = {0: start}
+        for phases in seeds:
+            phase1 = phases["1"]
+            points = [*phase1["evaluations"], {"step": max_steps, "correct": phase1["correct"][TASK_A]}]
+            for point in points:
+                counts.setdefault(point["step"], []).append(np.asarray(point["correct"]))
+        table[name] = {
+            step: {
+                k: bootstrap_mean(np.stack([pass_at_k(num_samples, seed, k) for seed in per_seed]))
+                for k in sorted({1, num_samples})
+            }
+            for step, per_seed in sorted(counts.items())
+        }
+    return table
+
+
+def pooled_law(runs: dict[str, list[dict]]) -> str:
+    """The entropy–reward law fitted on the logged (entropy, reward) pairs of every phase-1 run and seed together, as
+    a sentence with its R² (or why it is not fitted)."""
+    from trl_entropy.evaluation import entropy_law_fit
+
+    pairs = [
+        (entry["entropy"], entry["reward"])
+        for seeds in runs.values()
+        for phases in seeds
+        for entry in phases["1"]["history"]
+        if "reward" in entry
+    ]
+    fit = entropy_law_fit([h for h, _ in pairs], [r for _, r in pairs])
+    if fit.law is None:
+        return f"The entropy–reward law R = −a·exp(H) + b on every run's steps pooled: not fitted ({fit.reason})."
+    r_squared = "–" if fit.r_squared is None else f"{fit.r_squared:.3f}"
+    return (
+        f"The entropy–reward law R = −a·exp(H) + b on every run's steps pooled ({fit.num_pairs} steps): "
+        f"a = {fit.law.a:.4f}, b = {fit.law.b:.4f}, ceiling b − a = {fit.law.ceiling:.3f}, R² = {r_squared}."
     )

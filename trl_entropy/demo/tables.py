@@ -113,6 +113,25 @@ def phase1_interval_columns(num_samples: int) -> list[tuple[str, str]]:
     ]
 
 
+def format_along_training_table(along: dict[str, dict], num_samples: int) -> str:
+    """A Markdown table of :func:`trl_entropy.demo.summary.along_training`: a row per run, a column per evaluated
+    step, each cell pass@1 and pass@``num_samples`` as mean [95 % interval]."""
+    ks = sorted({1, num_samples})
+    steps = sorted({step for points in along.values() for step in points})
+    headers = ["run"] + [f"step {step}" for step in steps]
+    rows = [
+        [name]
+        + [
+            " / ".join(_interval_text(points[step][k], signed=False) for k in ks) if step in points else "–"
+            for step in steps
+        ]
+        for name, points in along.items()
+    ]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * len(steps)) + "|"]
+    note = "Each cell: " + " / ".join(f"pass@{k}" for k in ks) + "."
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + f"\n\n{note}"
+
+
 PHASE2_INTERVAL_COLUMNS = [
     ("phase-2 gain", "phase2_gain"),
     ("B pass@1 after", "b_end"),

@@ -1,2 +1,2 @@
-"""The command-line programs behind ``trl-entropy train``, ``trl-entropy report`` and ``trl-entropy demo``
+"""The command-line programs behind ``trl-entropy train``, ``report``, ``demo`` and ``fetch-model``
 (:mod:`trl_entropy.cli`): each parses its arguments and calls the library."""

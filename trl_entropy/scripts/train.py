@@ -2,9 +2,11 @@
 
 Without ``--model_name_or_path``: the built-in toy policy on the toy task, on the CPU, with the toy recipe. With one:
 that model on a math dataset with verifiable answers (GSM8K's ``question``/``answer`` columns or MATH-style
-``problem``/``solution``), scored by :func:`trl_entropy.rewards.math_answer_reward`; with ``--dataset_image_column``
-too, a vision-language model on image questions of that form. The command line is parsed by
-:mod:`trl_entropy.scripts.train_arguments`; ``--help`` lists the method's options first.
+``problem``/``solution``, from the Hub or a local folder), scored by :func:`trl_entropy.rewards.math_answer_reward`;
+with ``--dataset_image_column`` too, a vision-language model on image questions of that form; with
+``--chat_arithmetic_digits N`` instead of a dataset, an instruct model on the chat arithmetic task
+(:mod:`trl_entropy.toy.chat`), scored by :func:`trl_entropy.rewards.stated_answer_reward`. The command line is
+parsed by :mod:`trl_entropy.scripts.train_arguments`; ``--help`` lists the method's options first.
 """
 
 import sys
@@ -80,6 +82,17 @@ def real_math_dataset(script_args):
     return dataset if image in (None, "image") else dataset.rename_column(image, "image")
 
 
+def chat_arithmetic_training_set(script_args, seed: int):
+    """The chat arithmetic task's training rows (conversational prompts, ``answer`` column) and its reward."""
+    from trl_entropy.rewards import stated_answer_reward
+    from trl_entropy.toy.chat import CHAT_ARITHMETIC_TRAIN_ROWS, build_chat_arithmetic_dataset
+
+    rows = build_chat_arithmetic_dataset(
+        CHAT_ARITHMETIC_TRAIN_ROWS, split="train", digits=script_args.chat_arithmetic_digits, seed=seed
+    )
+    return rows, stated_answer_reward
+
+
 def without_image_tokens(generation_kwargs: dict | None, config) -> dict:
     """``generation_kwargs`` that also keep a vision-language model's image placeholder out of the completions (the
     forward would look for an image to put there)."""
@@ -102,6 +115,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     method = get_method(script_args.method)
 
     if model_args.model_name_or_path is None:
+        if script_args.chat_arithmetic_digits is not None:
+            parser.error(
+                "--chat_arithmetic_digits needs --model_name_or_path (an instruct model with a chat template); "
+                "without one the toy policy trains on the toy task"
+            )
         import torch
 
         from trl_entropy.toy import build_toy_policy, toy_reward
@@ -118,8 +136,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         from trl_entropy.rewards import math_answer_reward
 
         check_model_exists(parser, model_args.model_name_or_path, model_args.model_revision)
-        if script_args.dataset_name is None:
-            parser.error("--model_name_or_path needs --dataset_name (a math dataset with verifiable answers)")
+        chat_arithmetic = script_args.chat_arithmetic_digits is not None
+        if script_args.dataset_name is None and not chat_arithmetic:
+            parser.error(
+                "--model_name_or_path needs --dataset_name (a math dataset with verifiable answers), or "
+                "--chat_arithmetic_digits N for the chat arithmetic task"
+            )
+        if script_args.dataset_name is not None and chat_arithmetic:
+            parser.error("--dataset_name and --chat_arithmetic_digits each name the task to train on: give one")
         model = model_args.model_name_or_path
         training_args.model_init_kwargs = {
             "revision": model_args.model_revision,
@@ -134,8 +158,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             tokenizer = AutoProcessor.from_pretrained(model, revision=model_args.model_revision)
             config = AutoConfig.from_pretrained(model, revision=model_args.model_revision)
             training_args.generation_kwargs = without_image_tokens(training_args.generation_kwargs, config)
-        train_dataset = real_math_dataset(script_args)
-        reward = math_answer_reward
+        if chat_arithmetic:
+            train_dataset, reward = chat_arithmetic_training_set(script_args, training_args.seed)
+        else:
+            train_dataset, reward = real_math_dataset(script_args), math_answer_reward
 
     for notice in parser.notices:
         print(notice, file=sys.stderr)

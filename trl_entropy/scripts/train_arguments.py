@@ -15,7 +15,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 from trl_entropy import EntropyGRPOConfig
 from trl_entropy.methods import FIELD_OWNERS, METHODS, get_method
 from trl_entropy.methods.compose import SEPARATOR
-from trl_entropy.toy import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
+from trl_entropy.toy import CHAT_ARITHMETIC_MAX_DIGITS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
 
 
 USAGE = "%(prog)s [--method NAME] [--config FILE.yaml] [--OPTION VALUE ...]"
@@ -34,7 +34,7 @@ TRL_OPTIONS_OF_METHOD = {
 
 @dataclass
 class TrainScriptArguments(ScriptArguments):
-    """Script arguments: TRL's dataset options plus the method and the toy task's size."""
+    """Script arguments: TRL's dataset options plus the method, the chat arithmetic task and the toy task's size."""
 
     method: str = field(
         default="grpo",
@@ -54,6 +54,15 @@ class TrainScriptArguments(ScriptArguments):
             "placeholder tokens are kept out of the sampled completions."
         },
     )
+    chat_arithmetic_digits: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train --model_name_or_path (an instruct model with a chat template) on the chat arithmetic task "
+            "instead of --dataset_name: 'What is a + b? Answer with a single number.' with operands of this many "
+            f"digits (1 to {CHAT_ARITHMETIC_MAX_DIGITS}), from the task's training split, scored by the answer the "
+            "reply states, its first number or \\boxed{} answer (trl_entropy.rewards.stated_answer_reward)."
+        },
+    )
     toy_num_prompts: int = field(
         default=TOY_NUM_PROMPTS,
         metadata={
@@ -70,6 +79,14 @@ class TrainScriptArguments(ScriptArguments):
             "written outside the folder you name); None rebuilds it each time."
         },
     )
+
+    def __post_init__(self):
+        digits = self.chat_arithmetic_digits
+        if digits is not None and not 1 <= digits <= CHAT_ARITHMETIC_MAX_DIGITS:
+            raise ValueError(
+                f"chat_arithmetic_digits must be from 1 to {CHAT_ARITHMETIC_MAX_DIGITS} (digits of each operand), "
+                f"got {digits}"
+            )
 
 
 def usage_error(message: str, prog: str | None):

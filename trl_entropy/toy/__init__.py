@@ -15,6 +15,9 @@ access, CPU only) in seconds:
 * :func:`toy_success_rate`: the sampled success rate on held-out prompts.
 * ``TOY_TRAINING_DEFAULTS`` and :func:`toy_training_set`: the training recipe of `examples/train.py` without a model
   and of the entropy-collapse demo.
+* :func:`build_chat_arithmetic_dataset`: the same arithmetic in chat form for a real instruct model
+  (``"What is 37 + 58? Answer with a single number."``), operands of 1 to 3 digits, disjoint train and held-out
+  splits (:func:`chat_arithmetic_problems`), scored by :func:`trl_entropy.rewards.stated_answer_reward`.
 
 Quick start::
 
@@ -31,6 +34,14 @@ Quick start::
     )
 """
 
+from .chat import (
+    CHAT_ARITHMETIC_INSTRUCTION,
+    CHAT_ARITHMETIC_MAX_DIGITS,
+    build_chat_arithmetic_dataset,
+    chat_arithmetic_problems,
+    chat_arithmetic_prompt,
+    chat_arithmetic_split,
+)
 from .model import TOY_MODEL_MAX_LENGTH, build_toy_model, build_toy_tokenizer
 from .recipe import TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS, toy_training_set
 from .success import toy_success_rate
@@ -50,6 +61,8 @@ from .warm_start import TOY_WARM_START_STEPS, build_toy_policy, cpu_path, torch_
 
 
 __all__ = [
+    "CHAT_ARITHMETIC_INSTRUCTION",
+    "CHAT_ARITHMETIC_MAX_DIGITS",
     "TOY_ALPHABET",
     "TOY_BOS_TOKEN",
     "TOY_EOS_TOKEN",
@@ -61,10 +74,14 @@ __all__ = [
     "TOY_TRAINING_DEFAULTS",
     "TOY_UNK_TOKEN",
     "TOY_WARM_START_STEPS",
+    "build_chat_arithmetic_dataset",
     "build_toy_dataset",
     "build_toy_model",
     "build_toy_policy",
     "build_toy_tokenizer",
+    "chat_arithmetic_problems",
+    "chat_arithmetic_prompt",
+    "chat_arithmetic_split",
     "cpu_path",
     "toy_problems",
     "toy_reward",

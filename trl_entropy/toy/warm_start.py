@@ -3,12 +3,11 @@
 import contextlib
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .._folder_cache import build_folder_once
 from .model import build_toy_model, build_toy_tokenizer
 from .task import _OPERATOR_NAMES, TOY_OPERATORS, _check_operators, toy_problems
 
@@ -148,47 +147,14 @@ def build_toy_policy(
     operators = _check_operators(operators)
     task = "" if operators == TOY_OPERATORS else "_" + "_".join(_OPERATOR_NAMES[op] for op in operators)
     target = cache_dir / f"toy_policy_v{_CACHE_FORMAT_VERSION}_seed{seed}_steps{warm_start_steps}{task}_{cpu_path()}"
-    if not (target / "config.json").exists():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        # Processes that want the same policy at once (test workers, the demo's workers) wait for the first one's copy
-        # instead of each warm-starting it.
-        with _exclusive(cache_dir / (target.name + ".lock")):
-            if not (target / "config.json").exists():
-                _warm_start_into(target, seed, warm_start_steps, operators)
+    build_folder_once(target, lambda staging: _warm_start_into(staging, seed, warm_start_steps, operators))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     return model.eval(), tokenizer
 
 
-def _warm_start_into(target: Path, seed: int, warm_start_steps: int, operators: tuple[str, ...]) -> None:
-    """Warm-start the policy and save it as ``target``, written to a temporary name and renamed, so that a reader
-    never sees a half-written policy."""
+def _warm_start_into(folder: Path, seed: int, warm_start_steps: int, operators: tuple[str, ...]) -> None:
+    """Warm-start the policy and save it (model and tokenizer) into ``folder``."""
     model, tokenizer = build_toy_policy(seed, warm_start_steps, cache_dir=None, operators=operators)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        try:
-            os.rename(staging, target)
-        except OSError:  # another process (without the lock: another platform) won the race; its copy is equivalent
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path):
-    """Hold an exclusive lock on ``lock_path`` (POSIX ``flock``; where there is none, no lock is taken and
-    concurrent callers may each warm-start the same policy)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
