@@ -10,7 +10,8 @@ and
   every method;
 * the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
 
-A code file is any tracked file but the docs (``*.md``) and binaries. The names are the method's registry names
+A code file is any tracked file but the docs (``*.md``), binaries and the records of runs
+(``benchmarks/results/``). The names are the method's registry names
 (``--method``; its key too where that is one) and its public classes (config, trainer, exports), matched as whole
 words. The base's own settings (``GRPO`` in the registry: grpo, entreg) have no module and are not checked.
 
@@ -38,6 +39,8 @@ SHARED_TESTS = {
 }
 COMBINATION_TESTS = ("tests/compose/", "tests/_reference/combined_reference.py")
 BINARY = {".png", ".pt", ".whl", ".safetensors", ".bin"}
+# Records of measured runs (their logs name the methods they ran), not code.
+RESULTS = "benchmarks/results/"
 NOT_YET_HOME: dict[str, list[str]] = {
     "benchmarks/step_bench.py": ["aent"],
     "examples/accelerate/single_gpu.yaml": ["aent"],
@@ -130,7 +133,10 @@ def tracked_code_files() -> list[str]:
     return [
         name
         for name in files
-        if Path(name).suffix not in BINARY | {".md"} and (ROOT / name).is_file() and name != this
+        if Path(name).suffix not in BINARY | {".md"}
+        and not name.startswith(RESULTS)
+        and (ROOT / name).is_file()
+        and name != this
     ]
 
 
