@@ -22,6 +22,8 @@ def test_smollm2_preset_dry_run_times_trl_and_the_base_on_a_sampled_batch(smollm
             "trl,base",
             "--repeats",
             "1",
+            "--threads",
+            "1",  # a shared machine's cores: one thread waits on no other
             "--cache-dir",
             str(Path(smollm2_path).parent),  # fetch_model finds the suite's conversion there
         ],
