@@ -40,16 +40,22 @@ def answers_match(predicted: str | None, reference: str | None) -> bool:
     return predicted.replace(" ", "") == reference.replace(" ", "")
 
 
+def answer_rewards(completions: list, answer: list[str], extract) -> list[float]:
+    """1.0 for each completion whose answer, as ``extract`` reads it from the text, equals its reference ``answer``,
+    else 0.0. Completions may be strings or conversations (lists of messages), as TRL passes them."""
+    rewards = []
+    for completion, reference in zip(completions, answer, strict=True):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        rewards.append(1.0 if answers_match(extract(text), reference) else 0.0)
+    return rewards
+
+
 def math_answer_reward(completions: list, answer: list[str], **kwargs) -> list[float]:
     """TRL reward function: 1.0 when the completion's final answer equals the reference ``answer`` column, else 0.0.
 
     Completions may be strings or conversations (lists of messages), as TRL passes them.
     """
-    rewards = []
-    for completion, reference in zip(completions, answer, strict=True):
-        text = completion if isinstance(completion, str) else completion[-1]["content"]
-        rewards.append(1.0 if answers_match(extract_final_answer(text), reference) else 0.0)
-    return rewards
+    return answer_rewards(completions, answer, extract_final_answer)
 
 
 def extract_stated_answer(text: str) -> str | None:
@@ -69,8 +75,4 @@ def stated_answer_reward(completions: list, answer: list[str], **kwargs) -> list
 
     Completions may be strings or conversations (lists of messages), as TRL passes them.
     """
-    rewards = []
-    for completion, reference in zip(completions, answer, strict=True):
-        text = completion if isinstance(completion, str) else completion[-1]["content"]
-        rewards.append(1.0 if answers_match(extract_stated_answer(text), reference) else 0.0)
-    return rewards
+    return answer_rewards(completions, answer, extract_stated_answer)
