@@ -1,3 +1,4 @@
+import ast
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -5,9 +6,19 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
 
-# TRL's GRPOTrainer internals (loss step, fused LM head, metric dict) are what the trainers build on. They change
-# between minor releases, so the supported range is narrow and checked again at import (trl_entropy/_compat.py).
-TRL_REQUIREMENT = "trl>=1.16.0,<1.17"
+
+def read_trl_requirement() -> str:
+    """The supported TRL range, written once in trl_entropy/_compat.py (which checks it again at import), read from
+    the file's text: setup.py runs before the dependencies are installed, so it cannot import the package."""
+    path = ROOT / "trl_entropy" / "_compat.py"
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        names = [target.id for target in getattr(node, "targets", []) if isinstance(target, ast.Name)]
+        if isinstance(node, ast.Assign) and names == ["TRL_REQUIREMENT"]:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"{path} assigns no TRL_REQUIREMENT string")
+
+
+TRL_REQUIREMENT = read_trl_requirement()
 
 setup(
     name="trl-entropy",
@@ -19,6 +30,9 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11",  # TRL 1.16's own requirement
     packages=find_packages(include=["trl_entropy", "trl_entropy.*"]),
+    # The demo's per-run YAML configs (trl_entropy/demo/models.py), so that an installed package runs the demo as a
+    # clone does; the clone's examples/configs is a link to that folder.
+    package_data={"trl_entropy.demo": ["configs/*.yaml", "configs/*/*.yaml"]},
     # Exactly what the library imports. Lower bounds: TRL 1.16's own (accelerate, datasets); torch 2.8 is the first
     # whose Triton (3.4) has `triton.knobs`, which the Triton backend uses. Triton itself is not declared: CUDA builds
     # of torch bring it, and on a CPU machine the PyTorch backend runs without it.

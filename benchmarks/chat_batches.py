@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_entropy.core.advantages import group_advantages
+from trl_entropy.core.advantages import advantages_around_baseline
 from trl_entropy.kernels import chunked_logprob_entropy
 from trl_entropy.rewards import stated_answer_reward
 from trl_entropy.toy import build_chat_arithmetic_dataset
@@ -65,7 +65,7 @@ def sample_chat_batch(model, tokenizer, prompts: int, generations: int, completi
         "prompt_mask": prompt_mask,
         "completion_ids": completion_ids,
         "completion_mask": completion_mask,
-        "advantages": group_advantages(rewards, generations, "group"),
+        "advantages": advantages_around_baseline(rewards, generations, "group"),
         "rewards": rewards,
     }
 

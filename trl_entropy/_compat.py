@@ -1,12 +1,21 @@
-"""Fail fast, with a clear message, when the installed TRL is outside the range the trainers were built against."""
+"""Fail fast, with a clear message, when the installed TRL is outside the range the trainers were built against.
+
+The range is written once, here: ``TRL_REQUIREMENT`` is also setup.py's install requirement, which setup.py reads from
+this file's text (it runs before any dependency is installed, so it cannot import the package)."""
 
 from importlib.metadata import PackageNotFoundError, version
 
+from packaging.requirements import Requirement
 from packaging.version import Version
 
 
-TRL_MIN = Version("1.16.0")
-TRL_MAX_EXCLUSIVE = Version("1.17.0")
+# TRL's GRPOTrainer internals (loss step, fused LM head, metric dict) are what the trainers build on. They change
+# between minor releases, so the supported range is narrow. A plain string literal: setup.py parses it.
+TRL_REQUIREMENT = "trl>=1.16.0,<1.17.0"
+
+_BOUNDS = {specifier.operator: Version(specifier.version) for specifier in Requirement(TRL_REQUIREMENT).specifier}
+TRL_MIN = _BOUNDS[">="]
+TRL_MAX_EXCLUSIVE = _BOUNDS["<"]
 
 
 def check_trl_version(installed: str | None = None) -> str:

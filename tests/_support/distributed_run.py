@@ -43,19 +43,21 @@ from transformers import TrainerCallback  # noqa: E402
 
 from _support.process import lighten  # noqa: E402
 from _support.rounding import ControllerBounds, check, check_per_update  # noqa: E402
-from trl_entropy.core.trainer import EntropyGRPOTrainer  # noqa: E402
+from trl_entropy.core.parts import MethodPart  # noqa: E402
 from trl_entropy.methods import METHODS  # noqa: E402
 
 
-# The methods with a controller: their trainers build controllers, the base builds none.
+# The methods with a controller: their parts build controllers, the base builds none.
 ADAPTIVE_METHODS = tuple(
     name
     for name, method in METHODS.items()
-    if method.trainer_class.build_controllers is not EntropyGRPOTrainer.build_controllers
+    if any(part.controllers is not MethodPart.controllers for part in method.config_class.method_parts)
 )
 # The methods that read the rollout policy's entropy: they act only off-policy (where the rollout policy differs from
 # the one being trained), so their runs here take two updates per generation batch.
-ROLLOUT_ENTROPY_METHODS = tuple(name for name, m in METHODS.items() if m.trainer_class.needs_rollout_entropy)
+ROLLOUT_ENTROPY_METHODS = tuple(
+    name for name, m in METHODS.items() if any(part.needs_rollout_entropy for part in m.config_class.method_parts)
+)
 GROUP_SIZE = 4  # num_generations of every trainer make_trainer builds
 # Completion length (characters before <eos>) of the k-th copy of a prompt: unequal inside a group, equal across
 # groups, so every group, hence every rank's half of the batch, holds the same number of completion tokens.
@@ -130,7 +132,7 @@ class ControllerRecorder(TrainerCallback):
         self.values: list[float | None] = []
         self.statistics: dict[str, list[float]] = {}
         controllers = getattr(trainer, "controllers", None) or {}
-        self.moved_by_method = [name for name, controller in controllers.items() if controller.statistic is None]
+        self.moved_by_method = [name for name, c in controllers.items() if c.cadence == "micro_batch"]
         for name, controller in controllers.items():
             self.statistics[name] = []
             controller.update = self.recording(controller.update, self.statistics[name])

@@ -320,19 +320,24 @@ def clamped_entropy_controllers() -> list[str]:
     """The methods with a controller whose loss reads the clamped entropy, found by what they do (the registry names
     live in each method's home: tests/unit/test_method_homes.py)."""
     from _support.distributed_run import ADAPTIVE_METHODS
-    from trl_entropy.core.trainer import EntropyGRPOTrainer
+    from trl_entropy.core.parts import MethodPart
     from trl_entropy.methods import METHODS
 
-    base = EntropyGRPOTrainer.clamp_fraction
-    return [name for name in ADAPTIVE_METHODS if METHODS[name].trainer_class.clamp_fraction is not base]
+    def clamps(name):
+        return any(
+            part.clamp_fraction is not MethodPart.clamp_fraction for part in METHODS[name].config_class.method_parts
+        )
+
+    return [name for name in ADAPTIVE_METHODS if clamps(name)]
 
 
 def covariance_methods() -> list[str]:
     """The methods that select tokens by the covariance of log-prob and advantage (Clip-Cov's and KL-Cov's base)."""
     from trl_entropy.methods import METHODS
-    from trl_entropy.methods.cov_selection import CovSelectionTrainer
+    from trl_entropy.methods.cov_selection import CovSelectionPart
 
-    return sorted(name for name, spec in METHODS.items() if issubclass(spec.trainer_class, CovSelectionTrainer))
+    parts = {name: spec.config_class.method_parts for name, spec in METHODS.items()}
+    return sorted(name for name, own in parts.items() if any(issubclass(part, CovSelectionPart) for part in own))
 
 
 def ranked_answer_reward(completions, answer, **kwargs) -> list[float]:

@@ -142,15 +142,14 @@ def test_each_controller_moves_as_it_does_alone(kept, neutral, warm_toy_policy_p
     assert both_values == pytest.approx(alone_values, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("other", ["qae", "aent+adapo"])
+@pytest.mark.parametrize(("other", "resumed_by"), [("qae", "QAETrainer"), ("aent+adapo", "Trainer[adapo+aent]")])
 def test_resuming_with_another_set_of_methods_is_refused_unless_fresh_start(
-    other, resumed_runs, warm_toy_policy_path, tmp_path
+    other, resumed_by, resumed_runs, warm_toy_policy_path, tmp_path
 ):
     """One of its methods alone, or other methods combined: the rule for another method (docs/distributed.md)."""
     checkpoint = resumed_runs["qae+kl_cov"][5]
     with pytest.raises(ValueError, match="entropy_control_fresh_start") as error:
         train(other, warm_toy_policy_path, str(tmp_path / "refused"), resume_from=checkpoint, max_steps=3)
-    resumed_by = combination(other.split("+")).trainer_class.__name__
     assert "Trainer[qae+kl_cov]" in str(error.value) and resumed_by in str(error.value)
     with pytest.warns(UserWarning, match="starts fresh"):
         resumed, _ = train(

@@ -215,7 +215,7 @@ def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_t
         clip_cov_ub=1e9,
     )
     seeded = torch.Generator().manual_seed(3).get_state()
-    generators = trainer._clip_cov_generators
+    generators = trainer.part("clip_cov").generators
     assert all(torch.equal(generators[mode].get_state(), seeded) for mode in ("train", "eval"))
     trainer.model.eval()
     with torch.no_grad():
@@ -343,7 +343,7 @@ def test_clip_cov_generator_state_in_checkpoints(warm_toy_policy_path, tmp_path)
         for step in (1, 2)
     ]
     assert not torch.equal(saved[0], seed_state) and not torch.equal(saved[0], saved[1])  # the stream advanced
-    assert torch.equal(saved[1], full._clip_cov_generators["train"].get_state())
+    assert torch.equal(saved[1], full.part("clip_cov").generators["train"].get_state())
 
     resumed_options = dict(options, output_dir=str(tmp_path / "resumed"))
     resumed = ClipCovTrainer(
@@ -355,7 +355,7 @@ def test_clip_cov_generator_state_in_checkpoints(warm_toy_policy_path, tmp_path)
     )
     resumed.train(resume_from_checkpoint=os.path.join(options["output_dir"], "checkpoint-1"))
     # The resumed run's second step drew from checkpoint-1's state, so it ends where the uninterrupted run ended.
-    assert torch.equal(resumed._clip_cov_generators["train"].get_state(), saved[1])
+    assert torch.equal(resumed.part("clip_cov").generators["train"].get_state(), saved[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -376,7 +376,8 @@ def test_clip_cov_generation_batch_selection_equals_float64_reference(
     trainer = build_trainer(
         ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, clip_cov_ratio=1.0, **options
     )
-    assert selected_set(trainer.select_over_generation_batch(dict(inputs))) == set(candidates)  # n >= candidates
+    selection = trainer.part("clip_cov").select_over_generation_batch(dict(inputs))
+    assert selected_set(selection) == set(candidates)  # n >= candidates
     trainer = build_trainer(
         ClipCovTrainer,
         ClipCovConfig,
@@ -391,7 +392,7 @@ def test_clip_cov_generation_batch_selection_equals_float64_reference(
         trainer.state.global_step = step
         generator = torch.Generator().manual_seed(generation_batch_seed(5, step))
         expected = {candidates[k] for k in torch.randperm(len(candidates), generator=generator)[:3].tolist()}
-        draws.append(selected_set(trainer.select_over_generation_batch(dict(inputs))))
+        draws.append(selected_set(trainer.part("clip_cov").select_over_generation_batch(dict(inputs))))
         assert draws[-1] == expected, step
     assert draws[0] != draws[1] and draws[0] == draws[2]  # a function of the step, not of a stream
     assert generation_batch_seed(5, 0) != generation_batch_seed(6, 0)

@@ -145,15 +145,24 @@ def example_batch(entropy, probabilities=PROBABILITIES):
 
 
 def loss_step(trainer, batch):
-    """Steps 4 to 10 of the loss step, through the trainer's own helpers (loss_type="grpo": one completion, the token
+    """Steps 3 to 12 of the loss step, through the trainer's own helpers (loss_type="grpo": one completion, the token
     mean)."""
-    token_advantages = trainer.per_token_advantages(batch)
+    token_advantages = trainer.token_advantages(batch)
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = trainer.per_token_policy_loss(batch, ratio, token_advantages)
+    per_token = trainer.surrogate(batch, ratio, token_advantages)
     policy_loss, loss = trainer.aggregate(batch, per_token, {})
+    trainer.move_micro_batch_controllers(batch)
     loss = trainer.add_regularisers(batch, loss, policy_loss, None)
-    trainer.update_controllers(batch)
+    trainer.end_micro_batch(batch)
     return loss
+
+
+def loss_step_from_controllers_to_regularisers(trainer, batch):
+    """Steps 10 and 11 of the loss step: the controller moves on the micro-batch, then EntroPIC's term."""
+    trainer.move_micro_batch_controllers(batch)
+    regulariser, metrics = trainer.part("entropic").regulariser(batch)
+    trainer.record_metrics(batch.mode, metrics)
+    return regulariser
 
 
 def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_tokenizer, tmp_path):
@@ -192,7 +201,7 @@ def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_token
     # Evaluation uses the current α and moves nothing.
     evaluation = example_batch(0.70)
     evaluation.mode = "eval"
-    trainer.add_regularisers(evaluation, torch.zeros(()), torch.zeros(()), None)
+    loss_step(trainer, evaluation)
     assert (controller.value, controller.integral) == (pytest.approx(0.001, abs=1e-7), pytest.approx(0.1, abs=1e-7))
 
 
@@ -201,8 +210,8 @@ def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_token
 # runs the real thing)
 # ---------------------------------------------------------------------------------------------------------------------
 
-# What the second rank sends to the regulariser's all-reduce [Σ m·H, Σ m, Σ high]: 4 tokens of mean entropy 0.5, one of
-# them above τ. Rank 0 holds the worked example's 4 tokens at 0.30 nats, 3 of them above τ.
+# What the second rank sends to the controller's all-reduce [Σ m·H, Σ m] and the regulariser's [Σ high, Σ m]: 4 tokens
+# of mean entropy 0.5, one of them above τ. Rank 0 holds the worked example's 4 tokens at 0.30 nats, 3 of them above τ.
 SECOND_RANK_SUMS = (2.0, 4.0, 1.0)
 
 
@@ -221,12 +230,13 @@ def test_alpha_and_the_token_sum_normaliser_take_every_ranks_tokens(
         loss_type="dapo",
         steps_per_generation=2,
     )
-    second_rank = torch.tensor(SECOND_RANK_SUMS)
+    entropy_sum, tokens, high_tokens = SECOND_RANK_SUMS
+    second_rank = [torch.tensor([[entropy_sum, tokens]]), torch.tensor([high_tokens, tokens])]
     monkeypatch.setattr(trainer, "accelerator", StandInRank(trainer.accelerator, 0, 2, second_rank))
     metrics = trainer._metrics["train"]
     metrics.clear()
     batch = example_batch(0.30)
-    regulariser = trainer.regulariser(batch)
+    regulariser = loss_step_from_controllers_to_regularisers(trainer, batch)
 
     rank_zero_sums = (4 * 0.30, 4.0, 3.0)
     entropy_sum, tokens, high_tokens = (a + b for a, b in zip(rank_zero_sums, SECOND_RANK_SUMS, strict=True))
@@ -417,7 +427,7 @@ def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenize
     assert controller.value == 1.0
     assert ours._metrics["train"]["entropic/high_prob_fraction"] == [0.0]
     batch = example_batch(0.0, probabilities=[0.1, 0.2, 0.3, 0.4])
-    term = ours.regulariser(batch)
+    term, _ = ours.part("entropic").regulariser(batch)
     term.backward()
     assert term.item() == 0.0 and torch.isfinite(batch.log_probs.grad).all() and not batch.log_probs.grad.any()
 

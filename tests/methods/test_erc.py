@@ -178,11 +178,11 @@ def example_batch(advantages=ADVANTAGES):
 
 
 def example_loss(trainer, batch, token_advantages):
-    """Steps 5 (surrogate, with the gate), 6 and 8 of the trainer's loss step."""
+    """Steps 5 (surrogate), 7 (gates, ERC's among them) and 9 (aggregation) of the trainer's loss step."""
     trainer._metrics["train"].clear()
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = trainer.per_token_policy_loss(batch, ratio, token_advantages)
-    per_token = trainer.apply_token_gates(batch, per_token, {})
+    per_token = trainer.surrogate(batch, ratio, token_advantages)
+    per_token = trainer.apply_gates(batch, ratio, token_advantages, per_token, {})
     _, loss = trainer.aggregate(batch, per_token, {})
     loss.backward()
     return loss
@@ -429,9 +429,9 @@ class RecordingERCTrainer(ERCTrainer):
     and, for each training micro-batch, its tokens, the rollout entropy the loss step reads and the entropy of the pass
     itself."""
 
-    def on_generation_batch(self, batch):
-        super().on_generation_batch(batch)
+    def finish_generation_batch(self, output, rows):
         self.rollout_weights.append({name: w.detach().clone() for name, w in self.model.state_dict().items()})
+        return super().finish_generation_batch(output, rows)
 
     def completion_batch(self, inputs, scored):
         batch = super().completion_batch(inputs, scored)
@@ -529,17 +529,20 @@ def test_the_carried_rollout_entropy_is_the_rollout_policys_in_every_layout(layo
 
 
 def test_trainers_that_do_not_read_the_rollout_entropy_carry_none(warm_toy_policy_path, tmp_path, monkeypatch):
-    assert [name for name, spec in METHODS.items() if spec.trainer_class.needs_rollout_entropy] == ["erc"]
+    readers = [
+        name for name, spec in METHODS.items() if any(p.needs_rollout_entropy for p in spec.config_class.method_parts)
+    ]
+    assert readers == ["erc"]
     calls = []
     trainer = make_trainer("grpo", warm_toy_policy_path, str(tmp_path), num_iterations=2, max_steps=2, beta=0.04)
-    assert not type(trainer).needs_rollout_entropy
-    scored = type(trainer)._score
+    assert not trainer.needs_rollout_entropy
+    scored = type(trainer).score_tokens
 
     def counting(self, *args, **kwargs):
         calls.append(self._scoring_calls)
         return scored(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(trainer), "_score", counting)
+    monkeypatch.setattr(type(trainer), "score_tokens", counting)
     trainer.train()
     assert calls and all(recorded is None for recorded in calls)  # nothing recorded while generating
     assert all(OLD_ENTROPY_KEY not in batch for batch in trainer.buffered_generation_batch)

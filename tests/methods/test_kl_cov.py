@@ -188,7 +188,7 @@ def test_kl_cov_generation_batch_selection_equals_float64_reference(
         kl_cov_ratio=ratio,
         cov_selection_scope="generation_batch",
     )
-    selected = trainer.select_over_generation_batch(dict(inputs))
+    selected = trainer.part("kl_cov").select_over_generation_batch(dict(inputs))
     assert selected.shape == inputs["completion_mask"].shape
     assert selected_set(selected) == set(ranked[:count])
     # The micro-batch rule on each half (its own means, its own k) picks other tokens: the pooling matters.

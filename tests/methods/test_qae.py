@@ -6,14 +6,17 @@ Checkpoints: tests/trainer/test_resume.py; accumulation: tests/trainer/test_accu
 tests/trainer/test_bad_input.py."""
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy import EntropyGRPOTrainer, QAEConfig, QAETrainer
-from trl_entropy.core.advantages import group_advantages
+from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer, QAEConfig, QAETrainer
+from trl_entropy.core.advantages import advantages_around_baseline
+from trl_entropy.core.parts import MethodPart
 from trl_entropy.methods.qae import qae_gate_metrics, quantile_baseline
 from trl_entropy.toy import build_toy_dataset
 
@@ -99,7 +102,7 @@ def test_binary_groups_fall_into_the_two_regimes():
 def test_advantages_follow_the_formula(k, scale_rewards):
     rewards = [r for group in GROUPS.values() for r in group]
     tensor = torch.tensor(rewards, dtype=torch.float64)
-    result = group_advantages(tensor, 8, scale_rewards, quantile_baseline(tensor.view(-1, 8), k))
+    result = advantages_around_baseline(tensor, 8, scale_rewards, quantile_baseline(tensor.view(-1, 8), k))
     torch.testing.assert_close(
         result, torch.tensor(spec_advantages(rewards, 8, k, scale_rewards), dtype=torch.float64)
     )
@@ -108,7 +111,7 @@ def test_advantages_follow_the_formula(k, scale_rewards):
 @pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
 def test_mean_baseline_gives_the_formulas_grpo_advantages(scale_rewards):
     rewards = [r for group in GROUPS.values() for r in group]
-    result = group_advantages(torch.tensor(rewards, dtype=torch.float64), 8, scale_rewards)
+    result = advantages_around_baseline(torch.tensor(rewards, dtype=torch.float64), 8, scale_rewards)
     expected = spec_advantages(rewards, 8, None, scale_rewards)
     torch.testing.assert_close(result, torch.tensor(expected, dtype=torch.float64))
 
@@ -209,20 +212,32 @@ def graded_reward(completions, **kwargs):
 class Recording:
     """Records, on every generation batch, the gathered rewards and the advantages written into the batch."""
 
-    def on_generation_batch(self, batch):
-        self.recorded.append((self._gathered_rewards.clone(), batch["advantages"].clone()))
-        super().on_generation_batch(batch)
+    def finish_generation_batch(self, output, rows):
+        output = super().finish_generation_batch(output, rows)
+        self.recorded.append((self._gathered_rewards.clone(), output["advantages"].clone()))
+        return output
 
 
 class RecordingQAE(Recording, QAETrainer):
     pass
 
 
-class MeanBaseline(Recording, EntropyGRPOTrainer):
+class MeanBaselinePart(MethodPart):
     """The base's rebaselining path with TRL's own baseline: must give TRL's advantages bit for bit."""
 
+    key = "mean_baseline"
+
     def group_baseline(self, grouped_rewards):
-        return torch.nanmean(grouped_rewards, dim=1)
+        return torch.nanmean(grouped_rewards, dim=1), {}
+
+
+@dataclass
+class MeanBaselineConfig(EntropyGRPOConfig):
+    method_parts: ClassVar[tuple[type, ...]] = (MeanBaselinePart,)
+
+
+class MeanBaseline(Recording, EntropyGRPOTrainer):
+    config_class = MeanBaselineConfig
 
 
 def run(trainer_class, config_class, path, tokenizer, tmp_path, reward_funcs, **options):
@@ -258,7 +273,7 @@ def test_mean_baseline_reproduces_trls_advantages(
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", spy)
     trainer = run(
         MeanBaseline,
-        QAEConfig.__mro__[1],  # EntropyGRPOConfig
+        MeanBaselineConfig,
         toy_model_path,
         toy_tokenizer,
         tmp_path,

@@ -21,6 +21,7 @@ LAUNCHES = {
         "test_a_plain_install_brings_neither_triton_nor_liger",
         "test_trl_entropy_train_runs_from_the_wheel_outside_the_clone",
         "test_wheel_installs_kernels_inside_the_package",
+        "test_wheel_ships_the_demo_configs_and_requires_the_trl_range_the_import_checks",
     },
     "test_real_model.py": {"test_trl_entropy_train_runs_on_the_real_model_and_a_local_gsm8k_folder"},
     "test_resume.py": {"test_two_process_mid_cycle_resume_equals_the_straight_run"},

@@ -245,7 +245,7 @@ def test_micro_batch_controller_ignores_the_window(method, toy_model_path, toy_t
         trainer = toy_trainer(
             method_spec.trainer_class, args, toy_model_path, toy_tokenizer, accumulation=accumulation
         )
-        assert all(controller.statistic is None for controller in trainer.controllers.values())
+        assert all(controller.cadence == "micro_batch" for controller in trainer.controllers.values())
         trainers.append(trainer)
     inputs = batch(trainers[0].model, len(toy_tokenizer), 14)
     states = {1: [], 2: []}

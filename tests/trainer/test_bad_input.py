@@ -1,6 +1,8 @@
 """Bad input: each gives an error that names the problem, or is handled without corrupting the controllers.
 
-* an invalid value for every config field (and a check that no field of our configs is left out);
+* invalid values for every config field: derived from the field's declared rule (``config_field(valid=Range(...),
+  choices=..., none_means=...)``, ``TRL_FIELD_RULES``), and written by hand where a check across fields refuses a value
+  the rule accepts (and a check that no field of our configs is left out);
 * a ``loss_type`` or another ``GRPOConfig`` option a method does not support;
 * a model without an output embedding;
 * a train or eval dataset without a ``prompt`` column;
@@ -22,19 +24,8 @@ from datasets import DatasetDict
 from transformers import LlamaModel
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy import (
-    ADAPOConfig,
-    AEntConfig,
-    CEGPPOConfig,
-    ClipCovConfig,
-    EntroPICConfig,
-    EntropyAdvantageConfig,
-    EntropyGRPOConfig,
-    ERCConfig,
-    KLCovConfig,
-    QAEConfig,
-    REPOConfig,
-)
+from trl_entropy import ADAPOConfig, AEntConfig, ClipCovConfig, EntropyGRPOConfig, ERCConfig, QAEConfig, REPOConfig
+from trl_entropy.core.config import Range, Rule, field_rule
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.methods.aent import aent_coefficient_step
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
@@ -46,90 +37,114 @@ nan, inf = math.nan, math.inf
 # Config fields
 # ---------------------------------------------------------------------------------------------------------------------
 
-INVALID = {
+# Our configs: the base's and every method's, in the registry's order.
+CONFIGS = list(dict.fromkeys([EntropyGRPOConfig, *(method.config_class for method in METHODS.values())]))
+
+
+def declared_rules(config_class) -> dict[str, Rule]:
+    """The rules ``config_class`` declares (``config_field``, ``TRL_FIELD_RULES``): the base config's every rule, a
+    method config's the rules it adds or redefines (a rule it inherits is tested on the base)."""
+    base_fields = EntropyGRPOConfig.__dataclass_fields__
+    rules = {}
+    for declared in dataclasses.fields(config_class):
+        rule = field_rule(config_class, declared.name)
+        inherited = field_rule(EntropyGRPOConfig, declared.name) if declared.name in base_fields else None
+        if rule is not None and (config_class is EntropyGRPOConfig or rule is not inherited):
+            rules[declared.name] = rule
+    return rules
+
+
+def just_outside(end: float, closed: bool, integer: bool, direction: float) -> float:
+    """The nearest value beyond ``end`` in ``direction``: the end itself where it does not belong."""
+    if not closed:
+        return end
+    return end + direction if integer else math.nextafter(end, direction * inf)
+
+
+def refused_by(rule: Rule) -> list:
+    """Values ``rule`` refuses, derived from the rule alone. A number: just outside each finite end (the end itself
+    where it does not belong), a non-integer where it takes integers, infinity where it takes finite numbers only, NaN,
+    a bool and a number written as a string. One of ``choices``: a choice in the wrong case. A flag: a string and the
+    int 1. Any: None, where the rule gives None no meaning."""
+    values = []
+    if rule.flag:
+        values += ["yes", 1]
+    elif rule.choices is not None:
+        values += [choice.swapcase() for choice in rule.choices if choice.swapcase() not in rule.choices]
+    else:
+        valid = rule.valid
+        closed_low, closed_high = valid.ends[0] == "[", valid.ends[1] == "]"
+        if valid.low > -inf:
+            values.append(just_outside(valid.low, closed_low, valid.integer, -1))
+        if valid.high < inf:
+            values.append(just_outside(valid.high, closed_high, valid.integer, +1))
+        if valid.integer:
+            inside = valid.low + 1 if valid.low > -inf else valid.high - 1 if valid.high < inf else 0
+            values.append(inside + 0.5)
+        if valid.finite:
+            values += [inf] + ([-inf] if valid.low == -inf else [])
+        values += [nan, True, "1"]
+    if rule.none_means is None:
+        values.append(None)
+    return values
+
+
+# Written by hand, each with why it is refused: values the field's own rule accepts but a check across fields refuses
+# (in the config's __post_init__, after the rules), and the values of a field with no rule. Every other invalid value
+# is derived from the field's rule (`refused_by`).
+BY_HAND = {
     EntropyGRPOConfig: {
-        "entropy_kernel_chunk_size": [0, -3, 2.5, True],
-        "entropy_kernel_backend": ["cuda", None],
-        "entropy_control_fresh_start": ["yes", None],
-        "entropy_control": [3, []],  # not a list of method names; no method
-        # TRL's fields whose bad values TRL lets through (or reports with another number).
-        "num_iterations": [0, -1, 1.5, True],
-        "epsilon": [-0.1, nan, inf],
-        "epsilon_high": [-0.1, nan],
-        "beta": [-0.04, nan, inf],
-        "top_entropy_quantile": [-0.1, 1.5, nan],
+        "entropy_control": [3, []],  # no rule (the registry checks it): not a list of method names; no method
     },
     AEntConfig: {
-        "aent_clamp_fraction": [-0.1, 1.0, nan, "0.3"],
-        "aent_coef_init": [-1e-4, 1.0, inf],  # 1.0 lies outside the default box [1e-5, 3e-3]
-        "aent_entropy_low": [-0.1, 0.5, nan],  # 0.5 is above the default aent_entropy_high
-        "aent_entropy_high": [0.01, inf],  # 0.01 is below the default aent_entropy_low
-        "aent_coef_lr": [-1e-3, nan],
-        "aent_coef_min": [-1e-5, 1.0],
-        "aent_coef_max": [1e-6, inf],
-        "aent_warmup_steps": [-1, 2.5, True],
-        "aent_adaptive": ["yes", None],
+        "aent_coef_init": [1.0],  # outside the default box [1e-5, 3e-3]
+        "aent_entropy_low": [0.5],  # above the default aent_entropy_high
+        "aent_entropy_high": [0.01],  # below the default aent_entropy_low
+        "aent_coef_min": [1.0],  # above the default aent_coef_max
+        "aent_coef_max": [1e-6],  # below the default aent_coef_min
     },
     ClipCovConfig: {
-        "clip_cov_ratio": [0, 1.5, nan, True],
-        "clip_cov_lb": [5.0, 10.0, nan, "x"],  # the default clip_cov_ub is 5.0
-        "clip_cov_ub": [1.0, 0.5, nan, "x"],  # the default clip_cov_lb is 1.0
-        "cov_selection_scope": ["global", None],
-    },
-    KLCovConfig: {
-        "kl_cov_ratio": [0, -0.1, 1.5, nan, True],
-        "kl_cov_coef": [-1.0, nan, inf, True],
-        "cov_selection_scope": ["global", None],
+        "clip_cov_lb": [5.0, 10.0],  # the default clip_cov_ub is 5.0
+        "clip_cov_ub": [1.0, 0.5],  # the default clip_cov_lb is 1.0
     },
     REPOConfig: {
-        "repo_variant": ["X", "r", "d"],
-        "repo_centering": ["mean", None],
-        "repo_beta": [nan, 0.06, -0.06, True],  # |0.06| exceeds the default repo_beta_max 0.05
-        "repo_beta_min": [0, -1e-4, nan, 0.1],  # 0.1 is above the default repo_beta_max 0.05
-        "repo_beta_max": [0, 5e-5, nan, inf],  # 5e-5 is below the default repo_beta_min 1e-4
-        "repo_entropy_target": [0, -1.0, nan, inf, True],
-        "repo_keep_advantage_sign": ["yes", None, 1],
+        "repo_beta": [0.06, -0.06],  # |0.06| exceeds the default repo_beta_max 0.05
+        "repo_beta_min": [0.1],  # above the default repo_beta_max 0.05
+        "repo_beta_max": [0, 5e-5],  # below the default repo_beta_min 1e-4
     },
     QAEConfig: {
-        "qae_quantile_k": [0, 1, 1.5, -0.1, nan, True, "0.4"],  # the authors' code falls back to the mean: refused
         "multi_objective_aggregation": ["normalize_then_sum"],  # no group of rewards to take a quantile of
     },
     ADAPOConfig: {
-        "adapo_epsilon_high_step": [0, -0.01, nan],
-        "adapo_epsilon_high_min": [-0.1, 0.3, nan],  # 0.3 is above the initial epsilon_high 0.28
-        "adapo_epsilon_high_max": [0.05, 0.2, inf],  # 0.2 is below the initial epsilon_high 0.28
-        "adapo_entropy_target": [0, -1.0, nan, inf],
-        "epsilon_high": [0.05, 0.9, nan, None],
-        "epsilon": [1.0, -0.1],
-    },
-    EntropyAdvantageConfig: {
-        "ent_adv_alpha": [-0.1, nan, inf, True],
-        "ent_adv_kappa": [1.0, 0.5, -2.0, nan, inf],  # kappa <= 1: the cap no longer keeps a negative A negative
-    },
-    CEGPPOConfig: {
-        "ce_gppo_beta1": [-0.1, nan, inf, True],
-        "ce_gppo_beta2": [-0.1, nan, inf, True],
+        "adapo_epsilon_high_min": [0.3],  # above the initial epsilon_high 0.28
+        "adapo_epsilon_high_max": [0.05, 0.2],  # below adapo_epsilon_high_min 0.1; below the initial epsilon_high
+        "epsilon_high": [0.05, 0.9],  # outside [adapo_epsilon_high_min, adapo_epsilon_high_max] = [0.1, 0.5]
+        "epsilon": [1.0],  # ADAPO's fixed epsilon_low must lie in [0, 1)
     },
     ERCConfig: {
-        "erc_low": [-0.1, nan, inf, True, 1.0, 1.05],  # 1.0: ratio 1 left out of the band; 1.05: the default erc_high
-        "erc_high": [0, -1.0, nan, True, 1.0, 0.95],  # 0.95: the default erc_low
-    },
-    EntroPICConfig: {
-        "entropic_target": [0, -0.1, nan, inf, True],  # the authors' code breaks at a target <= 0
-        "entropic_kp": [-1.0, nan, inf],
-        "entropic_ki": [-0.01, nan, inf],
-        "entropic_high_prob": [0, 1, 1.5, -0.1, nan],
+        "erc_low": [1.0, 1.05],  # 1.0: ratio 1 left out of the band; 1.05: the default erc_high
+        "erc_high": [1.0, 0.95],  # 0.95: the default erc_low
     },
 }
+# (config class, field, value, where the value comes from: the field's rule, or by hand)
 INVALID_CASES = [
-    (config_class, name, value)
-    for config_class, fields in INVALID.items()
+    (config_class, name, value, "rule")
+    for config_class in CONFIGS
+    for name, rule in declared_rules(config_class).items()
+    for value in refused_by(rule)
+] + [
+    (config_class, name, value, "by hand")
+    for config_class, fields in BY_HAND.items()
     for name, values in fields.items()
     for value in values
 ]
 # TRL fields whose meaning a method replaces: they are the method's own and must be validated as such (TRL's own
 # entropy_target keeps TRL's meaning everywhere; REPO's and ADAPO's targets carry their method's prefix).
 REDEFINED_TRL_FIELDS = {ADAPOConfig: {"epsilon_high"}}
+# TRL's fields whose bad values TRL lets through (or reports with another number), which our configs refuse by the
+# rules of core/config.py's TRL_FIELD_RULES: named here too, so that a rule taken out fails a test instead of taking
+# its derived cases with it.
+STRICTER_TRL_FIELDS = {"num_iterations", "epsilon", "epsilon_high", "beta", "top_entropy_quantile"}
 
 
 def config(config_class, **options):
@@ -137,14 +152,57 @@ def config(config_class, **options):
 
 
 @pytest.mark.parametrize(
-    "config_class, name, value",
+    "config_class, name, value, source",
     INVALID_CASES,
-    ids=[f"{c.__name__}-{n}={v!r}" for c, n, v in INVALID_CASES],
+    ids=[f"{c.__name__}-{n}={v!r}" + ("-by_hand" if source != "rule" else "") for c, n, v, source in INVALID_CASES],
 )
-def test_invalid_field_value_is_rejected_by_name(config_class, name, value):
+def test_invalid_field_value_is_rejected_by_name(config_class, name, value, source):
     with pytest.raises(ValueError, match=re.escape(name)) as error:
         config(config_class, **{name: value})
     assert repr(value) in str(error.value)  # the message names the bad value too
+
+
+# Rules written here, and the values derived from each, written out.
+DERIVED = [
+    (Rule(Range(0, 1, "(]")), [0, math.nextafter(1, inf), inf, nan, True, "1", None]),
+    (Rule(Range(-1, 1, "[)")), [math.nextafter(-1, -inf), 1, inf, nan, True, "1", None]),
+    (Rule(Range(0, ends="(]")), [0, inf, nan, True, "1", None]),
+    (Rule(Range(1, integer=True), none_means="(auto)"), [0, 2.5, inf, nan, True, "1"]),
+    (Rule(Range()), [inf, -inf, nan, True, "1", None]),
+    (Rule(Range(finite=False)), [nan, True, "1", None]),
+    (Rule(choices=("auto", "Torch")), ["AUTO", "tORCH", None]),
+    (Rule(flag=True), ["yes", 1, None]),
+]
+
+
+@pytest.mark.parametrize(("rule", "expected"), DERIVED, ids=[str(rule) for rule, _ in DERIVED])
+def test_the_values_derived_from_a_rule_lie_just_outside_it(rule, expected):
+    """The derivation itself, on rules written here: each value is refused, and each end's is its nearest neighbour
+    (the nearest float beyond a closed end, the end itself for an open one)."""
+    derived = refused_by(rule)
+    assert list(map(repr, derived)) == list(map(repr, expected))
+    assert not any(rule.accepts(value) for value in derived)
+    valid = rule.valid
+    if valid is not None:  # the ends that belong are accepted: no valid value lies between them and the derived ones
+        ends = ((valid.low, valid.ends[0] == "["), (valid.high, valid.ends[1] == "]"))
+        assert all(rule.accepts(end) for end, closed in ends if closed and math.isfinite(end))
+
+
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_a_number_field_without_bounds_has_a_hand_written_case(config_class):
+    """A number field whose rule takes every finite number is bounded by other fields (REPO's β by its box) or by
+    nothing: the first needs a hand-written cross-field case, the second is a mistake (a loosened ``Range``). Either
+    way, its invalid values cannot be derived from its rule."""
+    unbounded = [
+        name
+        for name, rule in declared_rules(config_class).items()
+        if rule.valid is not None and rule.valid.low == -inf and rule.valid.high == inf
+    ]
+    untested = sorted(set(unbounded) - set(BY_HAND.get(config_class, {})))
+    assert not untested, (
+        f"{config_class.__name__}: {untested} take every finite number: declare the bounds in config_field "
+        "(valid=Range(...)), or, where another field bounds them, add the values that check refuses to BY_HAND"
+    )
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -159,14 +217,14 @@ def test_eval_batch_of_partial_groups_is_rejected(method):
 
 def test_every_field_of_our_configs_has_an_invalid_value_test():
     trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    tested: dict[type, set[str]] = {}
+    for config_class, name, _, _ in INVALID_CASES:
+        tested.setdefault(config_class, set()).add(name)
     for config_class in {method.config_class for method in METHODS.values()}:
         own = {f.name for f in dataclasses.fields(config_class)} - trl_fields
-        own |= REDEFINED_TRL_FIELDS.get(config_class, set())
-        tested = set()
-        for ancestor in config_class.__mro__:
-            if ancestor in INVALID and (ancestor is config_class or ancestor is EntropyGRPOConfig):
-                tested |= set(INVALID[ancestor])
-        assert own <= tested, f"{config_class.__name__}: no invalid-value test for {sorted(own - tested)}"
+        own |= REDEFINED_TRL_FIELDS.get(config_class, set()) | STRICTER_TRL_FIELDS
+        covered = tested.get(config_class, set()) | tested.get(EntropyGRPOConfig, set())
+        assert own <= covered, f"{config_class.__name__}: no invalid-value test for {sorted(own - covered)}"
 
 
 def test_valid_defaults_are_accepted():

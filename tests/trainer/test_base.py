@@ -3,11 +3,14 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -25,6 +28,7 @@ from _support.grpo import (
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy._compat import check_trl_version
 from trl_entropy.core.head import install_entropy_head
+from trl_entropy.core.parts import MethodPart
 from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.toy import build_toy_dataset, build_toy_model
@@ -33,8 +37,8 @@ from trl_entropy.toy import build_toy_dataset, build_toy_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(tmp_path, **options):
-    return toy_config(EntropyGRPOConfig, tmp_path, **{**SMALL_BATCH, **options})
+def config(tmp_path, config_class=EntropyGRPOConfig, **options):
+    return toy_config(config_class, tmp_path, **{**SMALL_BATCH, **options})
 
 
 class RecordingController(Controller):
@@ -59,9 +63,20 @@ class RecordingController(Controller):
         return {"recorder/updates": float(len(self.calls))}
 
 
-class RecordingTrainer(EntropyGRPOTrainer):
-    def build_controllers(self):
+class RecordingPart(MethodPart):
+    key = "recorder"
+
+    def controllers(self):
         return [RecordingController()]
+
+
+@dataclass
+class RecordingConfig(EntropyGRPOConfig):
+    method_parts: ClassVar[tuple[type, ...]] = (RecordingPart,)
+
+
+class RecordingTrainer(EntropyGRPOTrainer):
+    config_class = RecordingConfig
 
 
 def build(trainer_class, model, tokenizer, args):
@@ -202,7 +217,12 @@ def float64_entropy_sums(model, inputs):
 
 
 def test_controller_sees_the_window_token_mean(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build(RecordingTrainer, toy_model_path, toy_tokenizer, config(tmp_path, gradient_accumulation_steps=2))
+    trainer = build(
+        RecordingTrainer,
+        toy_model_path,
+        toy_tokenizer,
+        config(tmp_path, RecordingConfig, gradient_accumulation_steps=2),
+    )
     trainer.current_gradient_accumulation_steps = 2
     controller = trainer.controllers["recorder"]
     # Micro-batches with different token counts: a mean of the two means would differ from the token mean.
@@ -229,7 +249,7 @@ def test_controller_sees_the_window_token_mean(toy_model_path, toy_tokenizer, tm
 
 
 def test_non_finite_statistic_holds_the_controller(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build(RecordingTrainer, toy_model_path, toy_tokenizer, config(tmp_path))
+    trainer = build(RecordingTrainer, toy_model_path, toy_tokenizer, config(tmp_path, RecordingConfig))
     trainer.current_gradient_accumulation_steps = 1
     batch = make_grpo_batch(trainer.model, len(toy_tokenizer), seed=3)
     batch["completion_mask"].zero_()  # no valid token anywhere: the mean is undefined
@@ -310,8 +330,20 @@ def test_training_on_the_toy_task(warm_toy_policy_path, toy_tokenizer, tmp_path)
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """The project's wheel, built from the working tree."""
-    folder = tmp_path_factory.mktemp("wheel")
+    """The project's wheel, built from a copy of the working tree's files (tracked, or untracked and not ignored): a
+    build in the clone itself would reuse its build/ folder, whose stale files (a module or data file since removed,
+    say) would ship."""
+    source, folder = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is not
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -323,7 +355,7 @@ def wheel(tmp_path_factory):
             "-q",
             "-w",
             str(folder),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
@@ -340,6 +372,30 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
     )
     for package in ("core", "methods", "evaluation", "kernels", "toy"):  # every subpackage ships
         assert f"trl_entropy/{package}/__init__.py" in names
+
+
+def test_wheel_ships_the_demo_configs_and_requires_the_trl_range_the_import_checks(wheel):
+    """The demo's per-run YAML configs are package data, every one of them, so an installed package runs the demo as
+    a clone does; the wheel's metadata requires TRL in the range `trl_entropy._compat` checks at import (setup.py
+    reads it from there: tests/unit/test_trl_pin.py)."""
+    from packaging.requirements import Requirement
+
+    from trl_entropy._compat import TRL_REQUIREMENT
+    from trl_entropy.demo.models import CONFIGS_DIR
+
+    folder = "trl_entropy/demo/configs/"
+    shipped = {name.removeprefix(folder) for name in wheel.namelist() if name.startswith(folder)}
+    assert {"grpo.yaml", "clip_low.yaml", "smollm2/grpo.yaml"} <= shipped and any("+" in name for name in shipped)
+    assert shipped == {path.relative_to(CONFIGS_DIR).as_posix() for path in CONFIGS_DIR.rglob("*.yaml")}
+    metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [
+        Requirement(line.split(":", 1)[1].strip())
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    assert [(r.specifier, r.marker) for r in requires if r.name == "trl"] == [
+        (Requirement(TRL_REQUIREMENT).specifier, None)
+    ]
 
 
 def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path):
@@ -378,6 +434,18 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
         check=True,
     ).stdout.strip()
     assert Path(imported).is_relative_to(site_packages) and not Path(imported).is_relative_to(ROOT), imported
+
+    # The demo reads its configs from the installed package, the runs the clone's demo has (its configs included).
+    from trl_entropy.demo.arguments import DemoArguments
+
+    read = "import json; from trl_entropy.demo.arguments import DemoArguments as D; d = D(); "
+    read += "print('DEMO', json.dumps([d.configs_dir, d.methods]))"
+    printed = subprocess.run(
+        [python, "-c", read], cwd=elsewhere, env=env, capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    configs_dir, methods = json.loads(printed.rsplit("DEMO ", 1)[1])
+    assert Path(configs_dir).is_relative_to(site_packages), configs_dir
+    assert methods == DemoArguments().methods
 
     command = venv / "bin" / "trl-entropy"  # the console script the wheel declares
     method = ADAPTIVE_METHODS[0]

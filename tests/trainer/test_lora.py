@@ -72,7 +72,7 @@ def test_lora_adapter_trains_saves_and_reloads(method, warm_toy_policy_path, toy
     input_ids, attention_mask, completion_length, mask = probe_batch(toy_tokenizer)
     model.eval()
     with torch.no_grad():
-        trained, *_ = trainer._score(model, input_ids, attention_mask, completion_length)
+        trained = trainer.score_tokens(model, input_ids, attention_mask, completion_length).log_probs
     expected = full_logit_log_probs(reloaded, input_ids, attention_mask, completion_length)
     torch.testing.assert_close(trained[mask].double(), expected[mask], rtol=1e-5, atol=1e-5)
     # ... and not the base model's: the adapter matters.
@@ -124,6 +124,6 @@ def test_trainable_token_rows_of_a_tied_head(warm_toy_policy_path, toy_tokenizer
     input_ids, attention_mask, completion_length, mask = probe_batch(toy_tokenizer)
     trainer.model.eval()
     with torch.no_grad():
-        scored, *_ = trainer._score(trainer.model, input_ids, attention_mask, completion_length)
+        scored = trainer.score_tokens(trainer.model, input_ids, attention_mask, completion_length).log_probs
     expected = full_logit_log_probs(trainer.model, input_ids, attention_mask, completion_length)
     torch.testing.assert_close(scored[mask].double(), expected[mask], rtol=1e-5, atol=1e-5)

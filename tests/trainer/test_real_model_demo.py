@@ -29,7 +29,7 @@ def test_smollm2_defaults_and_configs():
         8,
         10,
     )
-    assert demo.configs_dir.endswith("examples/configs/smollm2")
+    assert demo.configs_dir.endswith("trl_entropy/demo/configs/smollm2")  # package data, installed or cloned
     # Each run's config is read, and changes none of the recipe every run shares.
     assert run_settings("aent", demo) == (
         "aent",
@@ -46,7 +46,7 @@ def test_smollm2_defaults_and_configs():
     # The toy demo's defaults are unchanged.
     toy = DemoArguments()
     assert (toy.max_steps, toy.phase2_steps, toy.num_prompts, toy.num_samples, toy.smoothing) == (400, 400, 16, 16, 40)
-    assert toy.eval_steps is None and toy.configs_dir.endswith("examples/configs")
+    assert toy.eval_steps is None and toy.configs_dir.endswith("trl_entropy/demo/configs")
 
 
 def test_demo_trains_the_real_model_and_writes_its_curves_and_report(smollm2_path, tmp_path, monkeypatch, capsys):
@@ -68,7 +68,7 @@ def test_demo_trains_the_real_model_and_writes_its_curves_and_report(smollm2_pat
     history = json.loads((output / "history.json").read_text())
     assert history["model"] == SMOLLM2 and history["arguments"]["phase2_steps"] == 0
     assert history["training"]["max_completion_length"] == 4
-    assert history["runs"]["aent"]["settings"]["aent_entropy_low"] == 2.0  # examples/configs/smollm2/aent.yaml
+    assert history["runs"]["aent"]["settings"]["aent_entropy_low"] == 2.0  # trl_entropy/demo/configs/smollm2/aent.yaml
     start = history["initial_evaluations"]["0"]
     assert list(start["correct"]) == ["+"] and len(start["correct"]["+"]) == HELD_OUT  # one task, no subtraction
     for name in ("grpo", "aent"):

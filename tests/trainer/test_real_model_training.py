@@ -272,7 +272,7 @@ def test_lora_trains_only_the_adapter_of_the_real_model(smollm2_path, chat_datas
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     attention_mask = torch.cat([inputs["prompt_mask"], torch.ones_like(inputs["completion_ids"])], 1)
     with torch.no_grad():
-        scored, *_ = trainer._score(model, input_ids, attention_mask, 6)
+        scored = trainer.score_tokens(model, input_ids, attention_mask, 6).log_probs
     adapted = full_logit_log_probs(model, input_ids, attention_mask, 6)
     base = full_logit_log_probs(
         AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32), input_ids, attention_mask, 6

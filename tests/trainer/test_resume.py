@@ -74,7 +74,7 @@ def test_resumed_run_equals_straight_run(method, options, straight_run, warm_toy
         assert set(snapshot["controllers"][name]) == set(straight.controllers[name].state_dict())
         assert snapshot["cycle_optimizer_steps"] == 1
         # The partial cycle's sums; none for a controller its method moves at every micro-batch (its state is enough).
-        assert bool(snapshot["cycle_statistics"]) == (straight.controllers[name].statistic is not None)
+        assert bool(snapshot["cycle_statistics"]) == (straight.controllers[name].cadence == "cycle")
         assert len(set(straight_values)) > 1, f"{method}'s controller never moved"
     if options.get("use_adaptive_entropy"):
         assert step_values(resumed, "entropy_coef")[STEPS] == pytest.approx(

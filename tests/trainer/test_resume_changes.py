@@ -179,7 +179,7 @@ def test_cross_method_resume_is_refused_unless_fresh_start(
     assert (set(saved_snapshot(checkpoint)["controllers"]) == set(resumed.controllers)) == same_controllers
     assert resumed.state.global_step == 3 and len(values) == 1
     # A new cycle started at the resume and step 3 ends none: the controllers still hold the config's initial state.
-    initial = {c.name: c.state_dict() for c in resumed.build_controllers()}
+    initial = {c.name: c.state_dict() for part in resumed.parts for c in part.controllers()}
     assert {name: c.state_dict() for name, c in resumed.controllers.items()} == initial
 
 

@@ -182,8 +182,8 @@ def test_importance_sampling_ratio_and_loss_equal_grpo_trainers(is_mode, fake_vl
 def test_correction_scales_each_methods_policy_term(method, sequence_level, toy_model_path, toy_tokenizer, tmp_path):
     """``use_vllm`` multiplies the per-token policy loss by the ratio (after the masks), before the KL and bonuses.
 
-    The expected loss is the method's own loss without vLLM, with its ``per_token_policy_loss`` multiplied by the
-    ratio: exactly what ``trl.GRPOTrainer`` does to its surrogate.
+    The expected loss is the method's own loss without vLLM, with its per-token loss after its gates multiplied by
+    the ratio: exactly what ``trl.GRPOTrainer`` does to its surrogate.
     """
     trainer = make_trainer(method, toy_model_path, str(tmp_path), rollout=None, beta=0.04)
     trainer.model.train()
@@ -194,21 +194,23 @@ def test_correction_scales_each_methods_policy_term(method, sequence_level, toy_
     inputs["importance_sampling_ratio"] = 0.5 + torch.rand(shape, generator=generator)
     inputs["sampling_per_token_logps"] = inputs["old_per_token_logps"] + 0.1
     controllers = {name: c.state_dict() for name, c in trainer.controllers.items()}
-    generators = getattr(trainer, "_clip_cov_generators", {})  # Clip-Cov draws the same tokens each time
+    # A method that draws tokens at random draws the same ones each time
+    generators = next((part.generators for part in trainer.parts if hasattr(part, "generators")), {})
     generator_states = {mode: g.get_state() for mode, g in generators.items()}
-    method_policy_loss = type(trainer).per_token_policy_loss
+    method_gates = type(trainer).apply_gates
 
-    def loss(use_vllm, policy_loss=method_policy_loss):
+    def loss(use_vllm, gates=method_gates):
         for name, controller in trainer.controllers.items():
             controller.load_state_dict(controllers[name])  # every loss sees the same controller value
         for mode, g in generators.items():
             g.set_state(generator_states[mode])
         trainer.use_vllm, trainer.vllm_importance_sampling_correction = use_vllm, True
-        trainer.per_token_policy_loss = types.MethodType(policy_loss, trainer)
+        trainer.apply_gates = types.MethodType(gates, trainer)
         return trainer.compute_loss(trainer.model, dict(inputs)).item()
 
-    def corrected(self, batch, ratio, advantages):
-        return method_policy_loss(self, batch, ratio, advantages) * inputs["importance_sampling_ratio"]
+    def corrected(self, batch, ratio, advantages, per_token_loss, step_inputs):
+        gated = method_gates(self, batch, ratio, advantages, per_token_loss, step_inputs)
+        return gated * inputs["importance_sampling_ratio"]
 
     with_vllm = loss(True)
     assert with_vllm == pytest.approx(loss(False, corrected), rel=1e-6, abs=1e-8)

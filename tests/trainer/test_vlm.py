@@ -339,7 +339,7 @@ def test_lora_adapter_trains_a_vlm_saves_and_reloads(tmp_path):
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     trainer.model.eval()
     with torch.no_grad():
-        trained, *_ = trainer._score(trainer.model, input_ids, attention_mask, 6, multimodal=inputs)
+        trained = trainer.score_tokens(trainer.model, input_ids, attention_mask, 6, multimodal=inputs).log_probs
     with torch.no_grad():
         forward_inputs = {k: v for k, v in multimodal_inputs(inputs).items() if k != "num_images"}
         logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, **forward_inputs).logits.double()

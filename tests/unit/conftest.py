@@ -5,6 +5,7 @@ from _support.tiers import mark_tier
 
 
 FILES = {
+    "test_adding_a_method.py": "pure",
     "test_bf16_clip_flips.py": "pure",
     "test_chat_task.py": "pure",
     "test_pretrained.py": "pure",
@@ -12,6 +13,7 @@ FILES = {
     "test_rounding.py": "pure",
     "test_layout.py": "pure",
     "test_toy_sweep.py": "pure",
+    "test_trl_pin.py": "pure",
     "test_upstream_noise.py": "pure",
 }
 # A source check in a file of short runs; a tiny model's scoring passes in a file of pure functions.
@@ -23,9 +25,13 @@ TESTS = {
     },
 }
 LAUNCHES = {
+    "test_adding_a_method.py": {"test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined"},
     "test_pretrained.py": {"test_concurrent_callers_convert_once"},
     "test_report.py": {"test_without_matplotlib_the_report_and_the_demo_stop_naming_the_extra"},
-    "test_upstream_noise.py": {"test_a_short_run_prints_no_upstream_noise_and_our_warning_still_shows"},
+    "test_upstream_noise.py": {
+        "test_a_short_run_prints_no_upstream_noise_and_our_warning_still_shows",
+        "test_importing_the_library_changes_no_warning_or_logging_filter",
+    },
 }
 
 

@@ -373,6 +373,61 @@ def test_docs_index_has_a_page_for_every_method():
         assert (ROOT / "docs" / method_page(trainer)).is_file()
 
 
+def test_docs_index_lists_each_method_page_once():
+    """docs/README.md's pages per method: one for each trainer of a method, nothing else (order: the page's own)."""
+    index = re.findall(r"^\s*\* \[(\w+\.md)\]\(\1\):[^\n]*?\(`(\w+)`\)", read("docs/README.md"), re.MULTILINE)
+    listed = [trainer for _, trainer in index]
+    assert len(set(listed)) == len(listed), f"docs/README.md lists a trainer twice: {listed}"
+    assert set(listed) == {trainer.__name__ for trainer in METHOD_TRAINERS}
+
+
+def test_composing_axes_table_is_the_registry():
+    """docs/composing.md's table of axes: the axes in their order, each with the methods acting on it (the first place
+    its declaration's ``acts_on`` names) and whether several may act on it. TRL's own options in the table
+    (`loss_type`, `top_entropy_quantile`, `entropy_coef`) are not methods."""
+    from trl import GRPOConfig
+
+    from trl_entropy.methods import AXES
+    from trl_entropy.methods.compose import controls_entropy
+
+    table = passage(read("docs/composing.md"), "| order | axis | methods | how many |")
+    trl_options = {field.name for field in dataclasses.fields(GRPOConfig)}
+    documented = []
+    for line in table.splitlines()[2:]:
+        order, axis, methods, how_many = (cell.strip() for cell in line.strip("|").split("|"))
+        names = sorted(name for name in re.findall(r"`(\w+)`", methods) if name not in trl_options)
+        documented.append((int(order), axis, names, how_many.startswith("any")))
+    expected = [
+        (
+            axis.order,
+            axis.name,
+            sorted(
+                name for name, entry in METHODS.items() if controls_entropy(entry) and AXES[entry.acts_on[0]] is axis
+            ),
+            axis.several,
+        )
+        for axis in sorted(AXES.values(), key=lambda axis: axis.order)
+    ]
+    assert documented == expected
+
+
+def test_report_page_describes_every_panel_the_report_draws():
+    """docs/report.md's table of panels: after the report's own (entropy and reward, the law, pass@k), one row per
+    method panel in the order the report draws them, smoothed or as logged as it draws them; and the entropy targets
+    drawn dashed on the entropy panel."""
+    from trl_entropy.report import controller_panels, entropy_targets
+
+    table = passage(read("docs/report.md"), "| panel | logged as | drawn |")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    own = {"entropy", "eval/pass@k"}  # the first key each of the report's own panels is logged as
+    panels = [(re.match(r"`([\w/@]+)`", logged).group(1), drawn) for _, logged, drawn in rows]
+    assert [(key, drawn) for key, drawn in panels if key not in own] == [
+        (panel.key, "faint and moving average" if panel.smooth else "as logged") for panel in controller_panels()
+    ]
+    entropy_row = next(drawn for key, drawn in panels if key == "entropy")
+    assert re.findall(r"`([\w/]+/entropy_target)`", entropy_row) == list(entropy_targets())
+
+
 def test_references_cite_every_method_paper_beside_its_trainer():
     rows = [line for line in read("docs/references.md").splitlines() if line.startswith("| ") and "arXiv:" in line]
     for trainer in METHOD_TRAINERS:

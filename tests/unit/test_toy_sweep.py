@@ -1,6 +1,9 @@
-"""The toy-value sweep's pick (examples/toy_sweep.py), checked against the criterion docs/demo.md states: the best
-held-out pass@16 among the settings whose training reward is at least GRPO's minus 0.1 (ties: the higher reward)."""
+"""The toy-value sweep (examples/toy_sweep.py): its pick, checked against the criterion docs/demo.md states (the best
+held-out pass@16 among the settings whose training reward is at least GRPO's minus 0.1; ties: the higher reward), and
+its points, read from the methods' declarations (``MethodSpec.sweep``): the runs it made before they moved there, and
+every point a config its method accepts."""
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -32,7 +35,7 @@ def test_the_pick_follows_the_stated_criterion(runs, expected):
 
 
 def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
-    for method in toy_sweep.GRIDS:
+    for method in toy_sweep.SWEEPS:
         names = [name for name, _ in toy_sweep.grid_points(method)]
         assert len(set(names)) == len(names) and all("." not in name for name in names)
     points = toy_sweep.grid_points("clip_cov")[:2]
@@ -45,11 +48,11 @@ def test_every_grid_point_has_its_own_name_and_the_table_marks_the_pick():
 
 def test_a_grid_of_paired_points_runs_those_points_only():
     # A grid given as a list (a band's two ends go in pairs) runs its points, not the product of the fields' values.
-    paired = [method for method, grid in toy_sweep.GRIDS.items() if isinstance(grid, list)]
+    paired = [method for method, sweep in toy_sweep.SWEEPS.items() if isinstance(sweep.grid, list)]
     assert paired
     for method in paired:
         points = toy_sweep.grid_points(method)
-        assert [settings for _, settings in points] == toy_sweep.GRIDS[method]
+        assert [settings for _, settings in points] == toy_sweep.SWEEPS[method].grid
         assert len({name for name, _ in points}) == len(points)
 
 
@@ -60,11 +63,11 @@ def test_methods_combined_sweep_their_grids_with_the_others_at_their_configs():
 
     from trl_entropy.methods import METHODS, combination
 
-    swept = next(iter(toy_sweep.GRIDS))
+    swept = next(iter(toy_sweep.SWEEPS))
     other = next(
         name
         for name in METHODS
-        if name not in toy_sweep.GRIDS
+        if name not in toy_sweep.SWEEPS
         and (ROOT / "examples" / "configs" / f"{name}.yaml").exists()
         and combines(swept, name)
     )
@@ -88,3 +91,91 @@ def combines(first, second) -> bool:
     except ValueError:
         return False
     return True
+
+
+# The runs toy_sweep made before the grids moved from examples/toy_sweep.py into the methods' declarations (issue 43),
+# as it made them then: a grid of every combination (Clip-Cov's), one of paired points with settings every point
+# shares (ERC's), and the two combined. (run name, config values), in the order they run.
+CLIP_COV_BEFORE = [
+    ("clip_cov_ratio0p01_lb0p05", {"clip_cov_ratio": 0.01, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p01_lb0p2", {"clip_cov_ratio": 0.01, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p01_lb1", {"clip_cov_ratio": 0.01, "clip_cov_lb": 1.0}),
+    ("clip_cov_ratio0p02_lb0p05", {"clip_cov_ratio": 0.02, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p02_lb0p2", {"clip_cov_ratio": 0.02, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p02_lb1", {"clip_cov_ratio": 0.02, "clip_cov_lb": 1.0}),
+    ("clip_cov_ratio0p05_lb0p05", {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p05_lb0p2", {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p05_lb1", {"clip_cov_ratio": 0.05, "clip_cov_lb": 1.0}),
+    ("clip_cov_ratio0p1_lb0p05", {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p1_lb0p2", {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p1_lb1", {"clip_cov_ratio": 0.1, "clip_cov_lb": 1.0}),
+    ("clip_cov_ratio0p2_lb0p05", {"clip_cov_ratio": 0.2, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p2_lb0p2", {"clip_cov_ratio": 0.2, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p2_lb1", {"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0}),
+    ("clip_cov_ratio0p5_lb0p05", {"clip_cov_ratio": 0.5, "clip_cov_lb": 0.05}),
+    ("clip_cov_ratio0p5_lb0p2", {"clip_cov_ratio": 0.5, "clip_cov_lb": 0.2}),
+    ("clip_cov_ratio0p5_lb1", {"clip_cov_ratio": 0.5, "clip_cov_lb": 1.0}),
+]
+ERC_BEFORE = [
+    ("erc_low0p98_high1p02", {"erc_low": 0.98, "erc_high": 1.02}),
+    ("erc_low0p95_high1p05", {"erc_low": 0.95, "erc_high": 1.05}),
+    ("erc_low0p9_high1p1", {"erc_low": 0.9, "erc_high": 1.1}),
+    ("erc_low0p8_high1p2", {"erc_low": 0.8, "erc_high": 1.2}),
+]
+ERC_FIXED_BEFORE = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}
+
+
+def test_the_sweeps_run_what_they_ran_before_they_moved_into_the_declarations():
+    assert toy_sweep.grid_points("clip_cov") == CLIP_COV_BEFORE
+    assert toy_sweep.fixed_settings("clip_cov") == {}
+    assert toy_sweep.config_yaml("clip_cov", CLIP_COV_BEFORE[0][1]) == (
+        "method: clip_cov\nclip_cov_ratio: 0.01\nclip_cov_lb: 0.05\n"
+    )
+    assert toy_sweep.grid_points("erc") == ERC_BEFORE
+    assert toy_sweep.fixed_settings("erc") == ERC_FIXED_BEFORE
+    assert toy_sweep.config_yaml("erc", ERC_BEFORE[0][1]) == (
+        "method: erc\nloss_type: dapo\nepsilon: 0.2\nepsilon_high: 0.28\nerc_low: 0.98\nerc_high: 1.02\n"
+    )
+    # Combined: every Clip-Cov point with every ERC point, Clip-Cov's varying slowest; ERC's fixed settings first.
+    combined = toy_sweep.grid_points("clip_cov+erc")
+    assert [settings for _, settings in combined] == [
+        {**clip_cov, **erc} for _, clip_cov in CLIP_COV_BEFORE for _, erc in ERC_BEFORE
+    ]
+    assert combined[0][0] == "clip_cov+erc_ratio0p01_lb0p05_low0p98_high1p02"
+    assert combined[-1][0] == "clip_cov+erc_ratio0p5_lb1_low0p8_high1p2"
+    assert toy_sweep.config_yaml("clip_cov+erc", combined[0][1]) == (
+        "method: clip_cov+erc\nloss_type: dapo\nepsilon: 0.2\nepsilon_high: 0.28\n"
+        "clip_cov_ratio: 0.01\nclip_cov_lb: 0.05\nerc_low: 0.98\nerc_high: 1.02\n"
+    )
+
+
+def swept_entries():
+    from trl_entropy.methods import METHODS
+
+    return {name: entry for name, entry in METHODS.items() if entry.sweep is not None}
+
+
+def test_the_script_sweeps_every_method_that_declares_a_sweep():
+    swept = swept_entries()
+    assert swept and toy_sweep.SWEEPS == {name: entry.sweep for name, entry in swept.items()}
+    for name, entry in swept.items():
+        assert [settings for _, settings in toy_sweep.grid_points(name)] == entry.sweep.points()
+        assert toy_sweep.fixed_settings(name) == entry.sweep.fixed
+        assert toy_sweep.sweepable(name) == name
+
+
+@pytest.mark.parametrize("name", sorted(swept_entries()))
+def test_every_point_of_a_sweep_is_a_config_of_its_method(name):
+    """A sweep names only fields of its method's config, has two points or more, each once, and its method's config
+    accepts every point with the settings the sweep fixes (at the demo's num_iterations, 2)."""
+    from _support.grpo import toy_config
+
+    entry = swept_entries()[name]
+    fields = {field.name for field in dataclasses.fields(entry.config_class)}
+    assert set(entry.sweep.fields()) <= fields, f"{name}'s sweep names no field of {entry.config_class.__name__}"
+    points = entry.sweep.points()
+    assert len(points) >= 2 and all(point for point in points)
+    assert len({tuple(sorted(point.items())) for point in points}) == len(points), f"{name}: a point twice"
+    for point in points:
+        assert not set(point) & set(entry.sweep.fixed), f"{name}: a field both swept and fixed"
+        toy_config(entry.config_class, **{**entry.defaults, "num_iterations": 2, **entry.sweep.fixed, **point})

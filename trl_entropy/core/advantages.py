@@ -1,6 +1,6 @@
 """The group advantages as pure functions: TRL's ``sum_then_normalize`` reward of each completion and its advantage
-around its prompt group's baseline, computed once per generation batch (the ``group_baseline`` hook supplies the
-baseline)."""
+around its prompt group's baseline, computed once per generation batch (a method's part may supply the baseline,
+``MethodPart.group_baseline``)."""
 
 import torch
 from trl.trainer.utils import nanstd
@@ -14,7 +14,7 @@ def summed_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor)
     return rewards
 
 
-def group_advantages(
+def advantages_around_baseline(
     rewards: torch.Tensor, num_generations: int, scale_rewards: str, baseline: torch.Tensor | None = None
 ) -> torch.Tensor:
     """TRL's advantages (``multi_objective_aggregation="sum_then_normalize"``) around a given group baseline.

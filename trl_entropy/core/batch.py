@@ -1,13 +1,13 @@
-"""``CompletionBatch``: what every hook of the base trainer sees about one micro-batch of completions."""
+"""``CompletionBatch``: what every seam of the loss step sees about one micro-batch of completions."""
 
 from dataclasses import dataclass, field
 
 import torch
 
 
-# The generation batch's key for the rollout policy's full entropy H^old, (B, T): kept only for a trainer that declares
-# ``needs_rollout_entropy`` (computed in the pass that computes TRL's old_per_token_logps; TRL's shuffle and split
-# carry it to the micro-batches with the rest of the batch).
+# The generation batch's key for the rollout policy's full entropy H^old, (B, T): kept only where a method's part
+# declares ``needs_rollout_entropy`` (computed in the pass that computes TRL's old_per_token_logps; TRL's shuffle and
+# split carry it to the micro-batches with the rest of the batch).
 OLD_ENTROPY_KEY = "old_entropy"
 
 
@@ -22,22 +22,22 @@ class CompletionBatch:
             training is on-policy (TRL then skips computing them).
         entropy: ``H_t``, the full entropy of the policy at each position; differentiable.
         clamped_entropy: ``H^c_t``, the entropy renormalised over the logits left after dropping the ``floor(p·V)``
-            smallest, when the method's ``clamp_fraction()`` is above 0; ``None`` otherwise. Differentiable.
+            smallest, when a part's ``clamp_fraction()`` is above 0; ``None`` otherwise. Differentiable.
         mask: ``m_t``, 1 on the tokens that count (the completion mask times TRL's tool mask), 0 elsewhere.
         group_advantages: ``A``, one advantage per completion, ``(B, 1)``: its reward against its prompt group's
-            baseline (TRL's mean, or the method's ``group_baseline``), scaled as TRL scales it; computed once per
-            generation batch. The method's ``per_token_advantages`` turns them into the token advantages the
-            surrogate multiplies.
+            baseline (TRL's mean, or a part's ``group_baseline``), scaled as TRL scales it; computed once per
+            generation batch. Step 3 of the loss step turns them into the token advantages the surrogate multiplies.
         mode: ``"train"`` or ``"eval"``: the key of the trainer's metric dict the hooks log into.
         entropy_mask: the tokens TRL's high-entropy filter keeps (``top_entropy_quantile < 1``), or ``None`` (all).
             Set by the base before any hook sees the batch.
         importance_sampling_ratio: TRL's vLLM importance-sampling ratios of this micro-batch (vLLM with
             ``vllm_importance_sampling_correction``), or ``None``; VESPO folds them into its sequence weight.
-        old_entropy: ``H^old_t``, the full entropy of the rollout policy at each position, detached, for a trainer
-            that declares ``needs_rollout_entropy`` (``None`` for every other). Computed in the same pass as
+        old_entropy: ``H^old_t``, the full entropy of the rollout policy at each position, detached, where a method's
+            part declares ``needs_rollout_entropy`` (``None`` otherwise). Computed in the same pass as
             ``old_log_probs``; equal to ``entropy.detach()`` when training is on-policy (TRL then computes neither).
-        carried: the per-token tensors of this micro-batch that the method asked to carry from its generation batch
-            (the keys of ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation batch.
+        carried: the per-token tensors of this micro-batch that the parts asked to carry from its generation batch
+            (the keys of their ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation
+            batch.
     """
 
     log_probs: torch.Tensor

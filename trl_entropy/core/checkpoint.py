@@ -1,8 +1,8 @@
 """Per-rank side files of a checkpoint: what one process holds that ``trainer_state.json`` cannot carry.
 
 The base writes the buffered generation batch of a checkpoint taken inside a generation cycle
-(``GENERATION_BATCH_FILE``); a method adds its own per-rank state through the trainer's ``rank_checkpoint_state()``
-hook (Clip-Cov: its random generator) and reads it back in ``restore_rank_checkpoint_state(checkpoint)`` with
+(``GENERATION_BATCH_FILE``); a method's part adds its own per-rank state through its ``rank_checkpoint_state()``
+(Clip-Cov: its random generator) and reads it back in ``restore_rank_checkpoint_state(checkpoint)`` with
 :func:`load_rank_file`. Every file is written into the checkpoint folder before ``transformers.Trainer``'s own save,
 which pushes the folder to the Hub as its last step, so a pushed checkpoint holds them too.
 
@@ -34,6 +34,7 @@ from accelerate.utils import send_to_device
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..upstream_noise import MISSING_KEYS_LOGGER, MISSING_KEYS_REPORT
 from .control import EntropyControlState
 
 
@@ -44,9 +45,6 @@ SAVING_MARKER = "trl_entropy_saving"
 TRAINER_STATE = "trainer_state.json"
 # TrainingArguments fields that shape the generation batch; every other field compared is a GRPOConfig (or method) one.
 LAYOUT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
-# transformers.Trainer's report, on resume, of the model's keys the checkpoint's weights file lacks.
-MISSING_KEYS_LOGGER = "transformers.trainer"
-MISSING_KEYS_REPORT = re.compile(r"There were missing keys in the checkpoint model loaded: (\[.*\])\.")
 
 
 def checkpoint_folder(output_dir: str, global_step: int) -> str:
@@ -85,11 +83,12 @@ def generation_cycle_open(trainer) -> bool:
 
 
 def method_name(trainer) -> str:
-    """The library class a trainer is (a user's subclass counts as the method it extends)."""
-    for cls in type(trainer).__mro__:
-        if cls.__module__.startswith("trl_entropy."):
-            return cls.__name__
-    return type(trainer).__name__
+    """The methods a trainer trains, by the name of their trainer class: its config names them (``<Method>Config``:
+    ``<Method>Trainer``; ``Config[a+b]``: ``Trainer[a+b]``), and a user's subclass of a config counts as the library
+    config it extends."""
+    library_config = next(c for c in type(trainer.args).__mro__ if c.__module__.startswith("trl_entropy."))
+    name = library_config.__name__
+    return f"Trainer{name.removeprefix('Config')}" if name.startswith("Config[") else name.replace("Config", "Trainer")
 
 
 def run_settings(args) -> dict:

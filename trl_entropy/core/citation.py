@@ -41,9 +41,9 @@ def sign_model_card(trainer_class: type, name: str, paper: Paper, tag: str) -> N
     set_model_card(trainer_class, name, method_paper(paper), tag)
 
 
-def sign_combined_model_card(trainer_class: type, methods: list[tuple[str, Paper, str]]) -> None:
-    """Make ``trainer_class``'s model card say "trained with" every method of ``methods`` (``(name, paper, tag)``),
-    each with its arXiv id, cite every paper and GRPO's, and carry every tag."""
+def sign_combined_model_card(trainer, methods: list[tuple[str, Paper, str]]) -> None:
+    """Make ``trainer``'s model card (a trainer's, or its class's) say "trained with" every method of ``methods``
+    (``(name, paper, tag)``), each with its arXiv id, cite every paper and GRPO's, and carry every tag."""
     name = " + ".join(f"{method} (arXiv:{paper.arxiv_id})" for method, paper, _ in methods)
     citation = "\n\n".join([*(paper.bibtex for _, paper, _ in methods), grpo_citation()])
-    set_model_card(trainer_class, name, {"citation": citation}, [tag for _, _, tag in methods])
+    set_model_card(trainer, name, {"citation": citation}, [tag for _, _, tag in methods])

@@ -215,10 +215,13 @@ class EntropyGRPOConfig(GRPOConfig):
     controls_clip_range: ClassVar[bool] = False
     # True where `entropy_control` selects TRL's entropy bonus next to other methods.
     selects_trl_entropy_bonus: ClassVar[bool] = False
+    # The methods' parts (core/parts.py), one per method in the order of the axes they act on: what the trainer runs.
+    method_parts: ClassVar[tuple[type, ...]] = ()
+    # Methods combined: (name, paper, tag) of each method the trainer's model card names; None: the trainer's own card.
+    model_card: ClassVar[list | None] = None
     # Set by `trl_entropy.methods` (core imports no method): `(config class, options) -> the class to build`, the
-    # combination `entropy_control` names where there is one, and `config -> its trainer class` (None: the base's).
+    # combination `entropy_control` names where there is one.
     combined_config_class: ClassVar[Callable[[type, dict], type] | None] = None
-    combined_trainer_class: ClassVar[Callable[["EntropyGRPOConfig"], type | None] | None] = None
 
     entropy_kernel_chunk_size: int | None = config_field(
         None,
@@ -295,12 +298,6 @@ class EntropyGRPOConfig(GRPOConfig):
             and getattr(grpo_config, f.name) != getattr(reference, f.name)
         }
         return cls(**kept, **changed)
-
-    def trainer_class(self) -> type | None:
-        """The trainer of the methods ``entropy_control`` names; None without ``entropy_control``."""
-        if self.entropy_control is None or EntropyGRPOConfig.combined_trainer_class is None:
-            return None
-        return EntropyGRPOConfig.combined_trainer_class(self)
 
     @classmethod
     def coerce(cls, args, trainer_name: str, model=None):

@@ -8,9 +8,10 @@ every rank, so every rank holds the same value (the methods' papers move their c
 see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through :class:`EntropyControlState` and
 ``load_state_dict()`` restores it.
 
-A controller whose ``statistic`` is ``None`` is moved by its method instead, from a hook of the loss step (a
-coefficient that must move at every training micro-batch): the cycle neither sums a statistic for it nor calls its
-``update``, and still carries its state in every checkpoint and logs its metrics at every optimizer step.
+A controller of cadence ``"micro_batch"`` moves at every training micro-batch instead, on that micro-batch's token mean
+over every rank (:meth:`ControllerCycle.micro_batch_statistics`), before the loss step's regularisers read it: the
+cycle neither sums a statistic for it nor calls its ``update`` at the cycle's end, and still carries its state in every
+checkpoint and logs its metrics at every optimizer step.
 """
 
 import math
@@ -24,12 +25,14 @@ from transformers.trainer_callback import ExportableState
 
 
 class Controller(ABC):
-    """Base class. Subclasses set ``name`` (its key in checkpoints) and ``statistic``: the ``CompletionBatch`` field
-    whose token mean over a generation cycle drives it (``"entropy"`` or ``"clamped_entropy"``), or ``None`` for a
-    controller its method moves itself inside the loss step (the cycle then never calls ``update``)."""
+    """Base class. Subclasses set ``name`` (its key in checkpoints), ``statistic``: the ``CompletionBatch`` field whose
+    token mean drives it (``"entropy"`` or ``"clamped_entropy"``), and may set ``cadence``: ``"cycle"`` (the mean over
+    a generation cycle, one update at the optimizer step that ends it) or ``"micro_batch"`` (the mean over each
+    training micro-batch, one update before its regularisers)."""
 
     name: str
-    statistic: str | None
+    statistic: str
+    cadence: str = "cycle"
 
     @abstractmethod
     def update(self, mean_statistic: float, step: int) -> None:
@@ -130,6 +133,14 @@ class EntropyControlState(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {"snapshot": self.snapshot}}
 
 
+def statistic_sums(batch, statistic: str) -> torch.Tensor:
+    """``[Σ m·statistic, Σ m]`` of ``batch`` (a ``CompletionBatch``) for the field ``statistic``."""
+    values = getattr(batch, statistic)
+    if values is None:
+        raise RuntimeError(f"a controller needs the {statistic!r} statistic, which this method does not compute")
+    return torch.stack([(values.detach().float() * batch.mask).sum(), batch.mask.float().sum()])
+
+
 class ControllerCycle:
     """The controllers of one trainer and the progress of the current generation cycle.
 
@@ -156,15 +167,24 @@ class ControllerCycle:
         self.optimizer_steps = 0  # optimizer steps since the last update
 
     def add(self, batch) -> None:
-        for statistic in sorted({c.statistic for c in self.controllers.values() if c.statistic is not None}):
-            values = getattr(batch, statistic)
-            if values is None:
-                raise RuntimeError(
-                    f"a controller needs the {statistic!r} statistic, which this method does not compute"
-                )
-            sums = torch.stack([(values.detach().float() * batch.mask).sum(), batch.mask.float().sum()])
+        for statistic in self._statistics("cycle"):
+            sums = statistic_sums(batch, statistic)
             previous = self.statistics.get(statistic)
             self.statistics[statistic] = sums if previous is None else previous + sums
+
+    def micro_batch_statistics(self, batch) -> dict[str, list[float]]:
+        """``[Σ m·statistic, Σ m]`` of this micro-batch over every rank (collective, when any controller has cadence
+        ``"micro_batch"``), for each such controller by name."""
+        controllers = [c for c in self.controllers.values() if c.cadence == "micro_batch"]
+        if not controllers:
+            return {}
+        names = self._statistics("micro_batch")
+        totals = self.reduce_sum(torch.stack([statistic_sums(batch, name) for name in names]))
+        sums = dict(zip(names, totals.tolist(), strict=True))
+        return {controller.name: sums[controller.statistic] for controller in controllers}
+
+    def _statistics(self, cadence: str) -> list[str]:
+        return sorted({c.statistic for c in self.controllers.values() if c.cadence == cadence})
 
     def end_optimizer_step(self, step: int) -> dict[str, float]:
         """Count optimizer step ``step`` (1-based); update the controllers if it ends a cycle. Returns the controllers'
@@ -183,7 +203,7 @@ class ControllerCycle:
         self.start_cycle()
         means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
         for controller in self.controllers.values():
-            if controller.statistic is None:  # its method moves it, inside the loss step
+            if controller.cadence != "cycle":  # moved at every micro-batch, inside the loss step
                 continue
             mean = means[controller.statistic]
             if math.isfinite(mean):

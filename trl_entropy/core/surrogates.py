@@ -1,6 +1,6 @@
 """The per-token surrogate of each ``loss_type`` as pure functions: GRPO's clipped surrogate (and where it is flat),
-CISPO's, SAPO's and VESPO's, and the importance ratio they take. Each multiplies the token advantages that the
-method's ``per_token_advantages`` hook returns (``(B, 1)`` or ``(B, T)``)."""
+CISPO's, SAPO's and VESPO's, and the importance ratio they take. Each multiplies the token advantages of the loss
+step's third step (``(B, 1)`` or ``(B, T)``)."""
 
 import math
 

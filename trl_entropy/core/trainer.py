@@ -1,28 +1,30 @@
-"""``EntropyGRPOTrainer``: the shared base. It owns GRPO's loss step and opens it through small hooks. It stands on
+"""``EntropyGRPOTrainer``: GRPO's loss step, owned here, with the methods of its config as parts. It stands on
 ``core/trl_bridge.py``'s ``TRLBridge``, the one place that touches the private methods and attributes of
 ``trl.GRPOTrainer`` and ``transformers.Trainer``; this module uses only the names the bridge offers.
 
-The hooks a method fills are defined below in the order they run; docs/adding_a_method.md draws them beside the
-steps of ``loss_step`` and walks through them.
+A method is data here: its config names its parts (``method_parts``, ``core/parts.py``), one per method, in the order
+of the axes they act on; ``loss_step`` runs its steps in order and asks every part for the seam of each step. With no
+part it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
+``use_adaptive_entropy``) and a Mixture-of-Experts model's router load-balancing loss included.
 
 The advantages go by two names: ``batch.group_advantages`` (one per completion, its reward against its group's
-baseline, made once per generation batch) and ``token_advantages`` (what ``per_token_advantages`` makes of them, per
-sequence or per token; the surrogate multiplies exactly these). TRL's off-policy gate reads the group advantages.
-
-With no hook overridden it computes exactly ``trl.GRPOTrainer``'s loss, TRL's own entropy bonus (``entropy_coef``,
-``use_adaptive_entropy``) and a Mixture-of-Experts model's router load-balancing loss included. Controller state and
-the progress of the current generation cycle travel in every checkpoint (``trainer_state.json``), pushed ones
-included, and are restored by ``resume_from_checkpoint``, also in the middle of a cycle.
+baseline, made once per generation batch; TRL's off-policy gate reads them) and ``token_advantages`` (what step 3 makes
+of them, per sequence or per token; the surrogate multiplies exactly these). Controller state and the progress of the
+current generation cycle travel in every checkpoint (``trainer_state.json``), pushed ones included, and are restored by
+``resume_from_checkpoint``, also in the middle of a cycle.
 """
 
+import math
+import warnings
 from typing import ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 
-from .advantages import group_advantages, summed_rewards
+from .advantages import advantages_around_baseline, summed_rewards
 from .batch import CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
+from .citation import sign_combined_model_card
 from .config import EntropyGRPOConfig
 from .control import Controller, ControllerCycle, EntropyControlState
 from .data import check_image_columns, check_prompt_columns
@@ -35,35 +37,28 @@ from .head import (
     unsupported_head_reason_at,
 )
 from .objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
+from .parts import MethodPart, Metrics, TokenGate, TokenMean
 from .statistics import global_token_mean, loss_step_metrics
 from .surrogates import importance_ratio, policy_surrogate, vespo_weights
 from .trl_bridge import TRLBridge
 
 
 class EntropyGRPOTrainer(TRLBridge):
-    """`trl.GRPOTrainer` whose loss step is owned here and opened up through small hooks (see the module docstring).
+    """`trl.GRPOTrainer` whose loss step is owned here, and whose methods are its config's parts (see the module
+    docstring).
 
-    Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (or the method's config, or a
-    plain `GRPOConfig`, converted)."""
+    Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (a method's config, the config of
+    methods combined, or a plain `GRPOConfig`, converted)."""
 
     config_class: ClassVar[type] = EntropyGRPOConfig
-    # Per-token (B, T) tensors that on_generation_batch adds to the generation batch and the loss step reads back.
-    carried_token_keys: ClassVar[tuple[str, ...]] = ()
-
-    def __new__(cls, model=None, reward_funcs=None, args=None, *positional, **keyword):
-        # `EntropyGRPOTrainer(args=EntropyGRPOConfig(entropy_control=[...]))` builds the trainer of those methods.
-        combined = args.trainer_class() if isinstance(args, EntropyGRPOConfig) else None
-        if cls is EntropyGRPOTrainer and combined is not None:
-            cls = combined
-        return super().__new__(cls)
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         args = self.config_class.coerce(args, type(self).__name__, model)
-        combined = args.trainer_class()
-        if combined is not None and not isinstance(self, combined):
+        if type(self) is not EntropyGRPOTrainer and args.method_parts != self.config_class.method_parts:
             raise TypeError(
-                f"{type(self).__name__} cannot train entropy_control={args.entropy_control!r}: its trainer is "
-                f"{combined.__name__}. Pass the config to EntropyGRPOTrainer, which builds that trainer."
+                f"{type(self).__name__} cannot train entropy_control={args.entropy_control!r}: it trains "
+                f"{self.config_class.__name__}'s methods. Pass the config to EntropyGRPOTrainer, which trains the "
+                "methods its config names."
             )
         # Before TRL's set-up, which fails obscurely on a model the head cannot score (a bare backbone).
         if isinstance(model, str):  # model_init_kwargs' trust_remote_code wins over the config's, as in TRL
@@ -73,7 +68,12 @@ class EntropyGRPOTrainer(TRLBridge):
             reason = unsupported_head_reason(model)
         if reason is not None:
             raise ValueError(reason)
+        if args.model_card is not None:  # methods combined: this trainer's card names them all
+            sign_combined_model_card(self, args.model_card)
         super().__init__(model, reward_funcs, args, *positional, **keyword)
+        self.parts: list[MethodPart] = []
+        for part in args.method_parts:  # a loop, not a comprehension: a part's warning points at the caller's line
+            self.parts.append(part(self))
         if self.environment_factories is None:  # an environment supplies the prompts itself (TRL)
             check_prompt_columns(self.train_dataset, self.eval_dataset)
         check_image_columns(self.train_dataset, self.eval_dataset, self.model, self.processing_class)
@@ -82,7 +82,7 @@ class EntropyGRPOTrainer(TRLBridge):
         if self.ref_model is not None:
             install_entropy_head(self.ref_model, self.temperature, args.cast_lm_head_to_fp32)
         self.controller_cycle = ControllerCycle(
-            self.build_controllers(),
+            [controller for part in self.parts for controller in part.controllers()],
             micro_batches_per_cycle=args.steps_per_generation * self.num_iterations,
             accumulation_steps=args.gradient_accumulation_steps,
             reduce_sum=lambda sums: self.accelerator.reduce(sums, reduction="sum"),
@@ -91,68 +91,28 @@ class EntropyGRPOTrainer(TRLBridge):
         self._entropy_control_state = EntropyControlState()  # carries the controller state into every checkpoint
         self.add_callback(self._entropy_control_state)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Hooks
-    # ------------------------------------------------------------------------------------------------------------
+    def part(self, key: str) -> MethodPart:
+        """The part of the method ``key`` (its registry key)."""
+        return next(part for part in self.parts if part.key == key)
 
-    def build_controllers(self) -> list[Controller]:
-        """The controllers of the trainer's methods (none in plain GRPO). A method returns ``super()``'s followed by
-        its own, so that combined methods each keep theirs."""
-        return []
+    @property
+    def needs_rollout_entropy(self) -> bool:
+        return any(part.needs_rollout_entropy for part in self.parts)
 
-    def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor | None:
-        """The baseline ``(groups,)`` of each prompt group of rewards ``(groups, num_generations)`` gathered from every
-        rank (NaN: unscorable), the same on every rank; TRL's scaling then applies around it. None keeps TRL's mean."""
-        return None
-
-    def on_generation_batch(self, batch: dict) -> None:
-        """Called on every generation batch TRL makes (training and evaluation), on every rank, before TRL splits it
-        into micro-batches; it may add ``(B, T)`` tensors under ``carried_token_keys``. Collectives are allowed."""
-
-    def clamp_fraction(self) -> float:
-        """Fraction of the vocabulary dropped for the clamped entropy; 0 means the loss needs no clamped entropy."""
-        return 0.0
-
-    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
-        """The token advantages the surrogate multiplies, made from ``batch.group_advantages``: ``(B, 1)`` (one per
-        sequence) or ``(B, T)`` (one per token), no gradient."""
-        return batch.group_advantages
-
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
-    ) -> torch.Tensor:
-        """Per-token surrogate of ``loss_type`` (``core/surrogates.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
-        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
-        phi = None
-        if self.loss_type == "vespo":
-            ratios = batch.importance_sampling_ratio
-            phi = vespo_weights(batch.log_probs, batch.old_log_probs, token_advantages, batch.mask, ratios, self.args)
-            self.log_token_mean(batch, "vespo/phi_seq_mean", phi)
-        clip_range = self.clip_range()
-        return policy_surrogate(self.loss_type, batch.log_probs, ratio, token_advantages, clip_range, self.args, phi)
-
-    def clip_range(self) -> tuple[float, float]:
-        """``(ε_low, ε_high)`` of the PPO clip."""
-        return self.epsilon_low, self.epsilon_high
-
-    def regulariser(self, batch: CompletionBatch) -> torch.Tensor | None:
-        """A scalar added to the loss of each micro-batch, before the base divides it by the accumulation steps."""
-        return None
+    def record_metrics(self, mode: str, metrics: Metrics) -> None:
+        """Record a seam's metrics; a ``TokenMean`` is averaged over every rank's tokens (collective)."""
+        for name, value in metrics.items():
+            if isinstance(value, TokenMean):
+                value = global_token_mean(self.accelerator, value.values, value.mask)
+            self.record_metric(mode, name, value)
 
     def rank_checkpoint_state(self) -> dict[str, object]:
-        """This rank's extra state for a checkpoint: ``{file name pattern with {process_index}: value}``."""
-        return {}
+        """This rank's extra checkpoint state: every part's."""
+        return {pattern: value for part in self.parts for pattern, value in part.rank_checkpoint_state().items()}
 
     def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
-        """Read back what ``rank_checkpoint_state`` saved (``core.checkpoint.load_rank_file``)."""
-
-    def log_token_mean(self, batch: CompletionBatch, name: str, values: torch.Tensor) -> None:
-        """Log the token mean of ``values`` over every rank's valid tokens as metric ``name`` (collective)."""
-        self.record_metric(batch.mode, name, global_token_mean(self.accelerator, values, batch.mask))
-
-    # ------------------------------------------------------------------------------------------------------------
-    # What TRL's generation and loss paths lead to (core/trl_bridge.py)
-    # ------------------------------------------------------------------------------------------------------------
+        for part in self.parts:
+            part.restore_rank_checkpoint_state(checkpoint)
 
     def on_rewards(self, rewards_per_func):
         """TRL's rewards, refusing infinite ones.
@@ -174,20 +134,24 @@ class EntropyGRPOTrainer(TRLBridge):
         return rewards_per_func
 
     def finish_generation_batch(self, output, rows):
-        """TRL's advantages around the method's ``group_baseline`` (when it has one), then ``on_generation_batch``."""
-        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        """TRL's advantages around the method's group baseline (where a part gives one), then every part's
+        ``on_generation_batch``."""
+        num_generations = self.num_generations if self.mode == "train" else self.num_generations_eval
         rewards = summed_rewards(self._gathered_rewards, self.reward_weights)
-        baseline = self.group_baseline(rewards.view(-1, num_generations))
-        if baseline is not None:  # TRL's advantages around the method's baseline; this rank's rows, as TRL slices them
-            if self.multi_objective_aggregation != "sum_then_normalize":
-                raise ValueError(f"{type(self).__name__} needs multi_objective_aggregation='sum_then_normalize'.")
-            advantages = group_advantages(rewards, num_generations, self.scale_rewards, baseline)
-            output["advantages"] = advantages[self.accelerator.process_index * rows :][:rows]
-            self.replace_logged_advantages(advantages.tolist())  # the completions table shows them too
-        self.on_generation_batch(output)
+        for part in self.parts:
+            baseline, metrics = part.group_baseline(rewards.view(-1, num_generations))
+            self.record_metrics(self.mode, metrics)  # every rank has the same gathered rewards: the same values
+            if baseline is not None:  # this rank's rows of TRL's advantages around it, as TRL slices them
+                if self.multi_objective_aggregation != "sum_then_normalize":
+                    raise ValueError(f"{part.key} needs multi_objective_aggregation='sum_then_normalize'.")
+                group_advantages = advantages_around_baseline(rewards, num_generations, self.scale_rewards, baseline)
+                output["advantages"] = group_advantages[self.accelerator.process_index * rows :][:rows]
+                self.replace_logged_advantages(group_advantages.tolist())  # the completions table shows them too
+        for part in self.parts:
+            part.on_generation_batch(output)
         return output
 
-    def _score(
+    def score_tokens(
         self,
         model,
         input_ids,
@@ -197,7 +161,7 @@ class EntropyGRPOTrainer(TRLBridge):
         clamp_fraction=0.0,
         aux_loss=False,
         multimodal=None,
-    ):
+    ) -> ScoredCompletions:
         """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``), the MoE router loss (when
         ``aux_loss``) of the last ``logits_to_keep`` positions, from the entropy head; a VLM's ``multimodal`` too."""
         request = EntropyHeadRequest(
@@ -207,51 +171,52 @@ class EntropyGRPOTrainer(TRLBridge):
             backend=self.args.entropy_kernel_backend,
             compute_aux_loss=aux_loss,
         )
-        scored = score_completions(
+        return score_completions(
             model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast, multimodal
         )
-        return scored.log_probs, scored.entropy, scored.clamped_entropy, scored.router_loss
 
     def loss_step(self, model, inputs):
-        """GRPO's loss of one micro-batch, step by step in the order they run (docs/adding_a_method.md draws them with
-        the hooks each step calls). Logs the step's metrics."""
+        """GRPO's loss of one micro-batch, in the order its steps run; each step that a method can change asks every
+        part for its seam (``core/parts.py``). The group baseline acts before, once per generation batch
+        (``finish_generation_batch``), and gives ``batch.group_advantages``. Logs the step's metrics."""
         scored = self.score_micro_batch(model, inputs)  # 1. score
         batch = self.completion_batch(inputs, scored)  # 2. batch
-        # 3. group baseline: once per generation batch (finish_generation_batch), giving batch.group_advantages
-        token_advantages = self.per_token_advantages(batch)  # 4. per-token advantages
-        ratio = importance_ratio(batch.log_probs, batch.old_log_probs, batch.mask, self.importance_sampling_level)
-        per_token_loss = self.per_token_policy_loss(batch, ratio, token_advantages)  # 5. surrogate
-        per_token_loss = self.apply_token_gates(batch, per_token_loss, inputs)  # 6. stop-gradient gates
-        per_token_kl = self.reference_kl(batch, ratio, inputs)  # 7. KL
+        token_advantages = self.token_advantages(batch)  # 3. token advantages
+        ratio = self.ratio(batch)  # 4. importance ratio
+        per_token_loss = self.surrogate(batch, ratio, token_advantages)  # 5. surrogate
+        per_token_loss = self.add_penalties(batch, ratio, token_advantages, per_token_loss)  # 6. penalties
+        per_token_loss = self.apply_gates(batch, ratio, token_advantages, per_token_loss, inputs)  # 7. gates
+        per_token_kl = self.reference_kl(batch, ratio, inputs)  # 8. reference KL
         if per_token_kl is not None:
             per_token_loss = per_token_loss + self.beta * per_token_kl
-        policy_loss, loss = self.aggregate(batch, per_token_loss, inputs)  # 8. aggregation
-        loss = self.add_regularisers(batch, loss, policy_loss, scored.router_loss)  # 9. regularisers
-        self.update_controllers(batch)  # 10. controllers
-        self.record_loss_step_metrics(batch, token_advantages, ratio, per_token_kl)  # 11. metrics
+        policy_loss, loss = self.aggregate(batch, per_token_loss, inputs)  # 9. aggregation
+        self.move_micro_batch_controllers(batch)  # 10. controllers that move every micro-batch
+        loss = self.add_regularisers(batch, loss, policy_loss, scored.router_loss)  # 11. regularisers
+        self.end_micro_batch(batch)  # 12. controllers that move once per cycle
+        self.record_loss_step_metrics(batch, token_advantages, ratio, per_token_kl)  # 13. metrics
         return loss
 
     def score_micro_batch(self, model, inputs) -> ScoredCompletions:
-        """Step 1: the completion tokens' log-probs, entropies, clamped entropies (``clamp_fraction()``) and the MoE
+        """The completion tokens' log-probs, entropies, clamped entropies (a part's ``clamp_fraction``) and the MoE
         router loss, from the entropy head (a vision-language model's images passed on as TRL passes them)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        log_probs, entropy, clamped_entropy, router_loss = self._score(
+        return self.score_tokens(
             model,
             torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
             torch.cat([inputs["prompt_mask"], completion_mask], dim=1),
             completion_ids.size(1),
-            clamp_fraction=self.clamp_fraction(),
+            clamp_fraction=max((part.clamp_fraction() for part in self.parts), default=0.0),
             aux_loss=self.aux_loss_enabled,
             multimodal=inputs,  # a VLM's image inputs among them
         )
-        return ScoredCompletions(log_probs, entropy, clamped_entropy, router_loss)
 
     def completion_batch(self, inputs, scored: ScoredCompletions) -> CompletionBatch:
-        """Step 2: what every hook sees, complete before any runs: the scores, the tokens that count, the generation
-        batch's advantages, rollout entropy and carried tensors, and the tokens TRL's high-entropy filter keeps."""
+        """What every seam sees, complete before any runs: the scores, the tokens that count, the generation batch's
+        group advantages, rollout entropy and carried tensors, and the tokens TRL's high-entropy filter keeps."""
         completion_mask = inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         old_log_probs, group_advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
+        carried = {key for part in self.parts for key in part.carried_token_keys}
         batch = CompletionBatch(
             log_probs=scored.log_probs,
             old_log_probs=scored.log_probs.detach() if old_log_probs is None else old_log_probs,
@@ -262,32 +227,89 @@ class EntropyGRPOTrainer(TRLBridge):
             mode=self.mode,
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
             old_entropy=self.rollout_entropy(inputs, scored.entropy),
-            carried={key: inputs[key] for key in self.carried_token_keys if key in inputs},
+            carried={key: inputs[key] for key in sorted(carried) if key in inputs},
         )
         if self.top_entropy_quantile < 1.0:
             batch.entropy_mask = self.get_high_entropy_mask(scored.entropy, mask, 1 - self.top_entropy_quantile)
         return batch
 
-    def apply_token_gates(self, batch: CompletionBatch, per_token_loss: torch.Tensor, inputs) -> torch.Tensor:
-        """Step 6: TRL's gates on the per-token loss: its off-policy mask (sequences with a negative group advantage
+    def token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
+        """The advantages the surrogate multiplies: a part's, or the group advantages, ``(B, 1)`` or ``(B, T)``."""
+        token_advantages = batch.group_advantages
+        for part in self.parts:
+            shaped, metrics = part.token_advantages(batch)
+            self.record_metrics(batch.mode, metrics)
+            if shaped is not None:
+                token_advantages = shaped
+        return token_advantages
+
+    def ratio(self, batch: CompletionBatch) -> torch.Tensor:
+        """``r = exp(ℓ − ℓ^old)`` per token, or per sequence with ``importance_sampling_level="sequence"``."""
+        return importance_ratio(batch.log_probs, batch.old_log_probs, batch.mask, self.importance_sampling_level)
+
+    def clip_range(self) -> tuple[float, float]:
+        """``(ε_low, ε_high)`` of the PPO clip: a part's, or the config's."""
+        moved = (part.clip_range() for part in self.parts)
+        return next((clip for clip in moved if clip is not None), (self.epsilon_low, self.epsilon_high))
+
+    def surrogate(self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor) -> torch.Tensor:
+        """The per-token policy loss: a part's, or the loss type's."""
+        for part in self.parts:
+            per_token_loss, metrics = part.surrogate(batch, ratio, token_advantages)
+            self.record_metrics(batch.mode, metrics)
+            if per_token_loss is not None:
+                return per_token_loss
+        return self.loss_type_surrogate(batch, ratio, token_advantages)
+
+    def loss_type_surrogate(self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor):
+        """Per-token surrogate of ``loss_type`` (``core/surrogates.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
+        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
+        phi = None
+        if self.loss_type == "vespo":
+            ratios = batch.importance_sampling_ratio
+            phi = vespo_weights(batch.log_probs, batch.old_log_probs, token_advantages, batch.mask, ratios, self.args)
+            self.record_metrics(batch.mode, {"vespo/phi_seq_mean": TokenMean(phi, batch.mask)})
+        clip_range = self.clip_range()
+        return policy_surrogate(self.loss_type, batch.log_probs, ratio, token_advantages, clip_range, self.args, phi)
+
+    def add_penalties(self, batch, ratio, token_advantages, per_token_loss) -> torch.Tensor:
+        """The parts' per-token penalties (KL-Cov's), added to the surrogate before the gates act."""
+        for part in self.parts:
+            penalty, metrics = part.penalty(batch, ratio, token_advantages)
+            self.record_metrics(batch.mode, metrics)
+            if penalty is not None:
+                per_token_loss = per_token_loss + penalty
+        return per_token_loss
+
+    def apply_gates(self, batch, ratio, token_advantages, per_token_loss, inputs) -> torch.Tensor:
+        """The parts' gates in axis order, then TRL's: its off-policy mask (sequences with a negative group advantage
         that drifted too far from the sampler), its high-entropy filter, and its vLLM importance-sampling weight."""
+        gates = []
+        for part in self.parts:
+            gate, metrics = part.gate(batch, ratio, token_advantages)
+            self.record_metrics(batch.mode, metrics)
+            gates.append(gate)
         if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
+            off_policy_mask = self.get_off_policy_mask(
                 advantages=batch.group_advantages,
                 per_token_logps=batch.log_probs,
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", batch.old_log_probs),
                 mask=batch.mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )
+            gates.append(TokenGate(weight=off_policy_mask))
         if batch.entropy_mask is not None:
-            per_token_loss = per_token_loss * batch.entropy_mask
+            gates.append(TokenGate(weight=batch.entropy_mask))
         if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # VESPO folds it into its weight
+            gates.append(TokenGate(weight=inputs["importance_sampling_ratio"]))  # VESPO folds it into its weight
+        for gate in gates:
+            if gate is not None:
+                per_token_loss = gate.apply(per_token_loss)
         return per_token_loss
 
     def reference_kl(self, batch: CompletionBatch, ratio: torch.Tensor, inputs) -> torch.Tensor | None:
-        """Step 7: the per-token k3 KL to the reference model (times the ratio with ``use_bias_correction_kl``), or
-        None when ``beta`` is 0."""
+        """The per-token k3 KL to the reference model (times the ratio with ``use_bias_correction_kl``), or None when
+        ``beta`` is 0."""
         if self.beta == 0.0:
             return None
         per_token_kl = k3_kl(batch.log_probs, inputs["ref_per_token_logps"])
@@ -300,7 +322,7 @@ class EntropyGRPOTrainer(TRLBridge):
         return self.current_gradient_accumulation_steps if mode == "train" else 1.0
 
     def aggregate(self, batch: CompletionBatch, per_token_loss: torch.Tensor, inputs):
-        """Step 8: ``(policy_loss, loss)``, the loss reduced per ``loss_type``, then divided for accumulation."""
+        """``(policy_loss, loss)``, the loss reduced per ``loss_type``, then divided for accumulation."""
         accumulation = self.accumulation_steps(batch.mode)
         dapo_normaliser = None
         if self.loss_type in TOKEN_SUM_LOSS_TYPES:  # every token of the generation batch (all ranks), per window
@@ -312,16 +334,36 @@ class EntropyGRPOTrainer(TRLBridge):
         )
         return policy_loss, policy_loss / (accumulation if scale else 1.0)
 
+    def move_micro_batch_controllers(self, batch: CompletionBatch) -> None:
+        """Training only: every controller of cadence ``"micro_batch"`` takes the token mean of its statistic over
+        this micro-batch on every rank (one all-reduce), before the regularisers read it."""
+        if batch.mode != "train":
+            return
+        step = self.state.global_step + 1
+        for name, (total, count) in self.controller_cycle.micro_batch_statistics(batch).items():
+            mean = total / count if count > 0 else math.nan
+            controller = self.controllers[name]
+            if math.isfinite(mean):
+                controller.update(mean, step)
+            else:  # no valid token on any rank, or a non-finite statistic: hold it, as the cycle holds its own
+                warnings.warn(
+                    f"a micro-batch of optimizer step {step}: the {controller.statistic} statistic over every rank's "
+                    f"valid tokens is {mean}; controller {name!r} keeps its value",
+                    stacklevel=3,
+                )
+
     def add_regularisers(self, batch, loss, policy_loss, router_loss) -> torch.Tensor:
-        """Step 9: TRL's entropy bonus, the method's ``regulariser`` and the MoE load-balancing loss, each a token mean
-        of the micro-batch divided by the accumulation steps, as TRL scales its own."""
+        """TRL's entropy bonus, the parts' regularisers and the MoE load-balancing loss, each a token mean of the
+        micro-batch divided by the accumulation steps, as TRL scales its own."""
         accumulation = self.accumulation_steps(batch.mode)
         if self.entropy_bonus_enabled:
             bonus = self.trl_entropy_bonus(batch.entropy, self.entropy_bonus_mask(batch), policy_loss, batch.mode)
             loss = loss - bonus / accumulation
-        regulariser = self.regulariser(batch)
-        if regulariser is not None:
-            loss = loss + regulariser / accumulation
+        for part in self.parts:
+            regulariser, metrics = part.regulariser(batch)
+            self.record_metrics(batch.mode, metrics)
+            if regulariser is not None:
+                loss = loss + regulariser / accumulation
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * router_loss / accumulation
             router_loss_mean = self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
@@ -333,9 +375,9 @@ class EntropyGRPOTrainer(TRLBridge):
         """The tokens TRL's entropy bonus averages over: the valid ones its high-entropy filter keeps."""
         return batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
 
-    def update_controllers(self, batch: CompletionBatch) -> None:
-        """Step 10, where coefficients move (training only): the cycle's controllers at the optimizer step that ends a
-        cycle (one with ``statistic=None`` moves in its method's hook), TRL's adaptive coefficient at every step."""
+    def end_micro_batch(self, batch: CompletionBatch) -> None:
+        """Training only: the cycle's controllers at the optimizer step that ends a cycle, TRL's adaptive coefficient
+        at every optimizer step."""
         if batch.mode != "train":
             return
         if self.entropy_bonus_enabled:
@@ -347,8 +389,8 @@ class EntropyGRPOTrainer(TRLBridge):
                     self.record_metric("train", name, value)
 
     def record_loss_step_metrics(self, batch, token_advantages, ratio, per_token_kl) -> None:
-        """Step 11: the metrics TRL logs for a loss step (entropy, clip fractions, KL) and the covariance of
-        log-prob and token advantage."""
+        """The metrics TRL logs for a loss step (entropy, clip fractions, KL) and the covariance of log-prob and token
+        advantage."""
         metrics = loss_step_metrics(
             self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range(), self.loss_type
         )

@@ -6,10 +6,10 @@ library what it needs under its own names. Every private name used here is liste
 :class:`TRLBridge` is the base of ``EntropyGRPOTrainer`` (``core/trainer.py``). TRL's private methods lead to:
 
 * ``_compute_loss``                      → ``loss_step(model, inputs)``;
-* ``_get_per_token_logps_and_entropies`` → ``_score(...)``, the entropy head (rollout and reference log-probs);
+* ``_get_per_token_logps_and_entropies`` → ``score_tokens(...)``, the entropy head (rollout and reference log-probs);
 * ``_calculate_rewards``                 → ``on_rewards(rewards_per_func)``, every rank's rewards;
 * ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``, with the rollout policy's
-  entropy kept for a trainer that declares ``needs_rollout_entropy``;
+  entropy kept for a trainer whose method reads it (``needs_rollout_entropy``);
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``;
 * ``_load_from_checkpoint``             → also ``core/weights.py`` (a VLM's renamed weights).
 
@@ -20,8 +20,6 @@ Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:
 :func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`set_model_card`
 and :func:`grpo_citation`.
 """
-
-from typing import ClassVar
 
 import torch
 from trl import GRPOTrainer
@@ -50,9 +48,9 @@ class TRLBridge(GRPOTrainer):
     trainer is built."""
 
     _tag_names = ["trl", "grpo", "trl-entropy"]
-    # True for a method that reads the rollout policy's entropy (CompletionBatch.old_entropy): only then is it kept
-    # from the pass that computes TRL's old_per_token_logps and carried with the generation batch (OLD_ENTROPY_KEY).
-    needs_rollout_entropy: ClassVar[bool] = False
+    # True where a method reads the rollout policy's entropy (CompletionBatch.old_entropy): only then is it kept from
+    # the pass that computes TRL's old_per_token_logps and carried with the generation batch (OLD_ENTROPY_KEY).
+    needs_rollout_entropy: bool = False
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         check_class(type(self), TRLBridge)
@@ -175,7 +173,7 @@ class TRLBridge(GRPOTrainer):
         """The loss of one micro-batch."""
         raise NotImplementedError
 
-    def _score(
+    def score_tokens(
         self,
         model,
         input_ids,
@@ -186,8 +184,8 @@ class TRLBridge(GRPOTrainer):
         aux_loss=False,
         multimodal=None,
     ):
-        """Per-token log-probs, entropies, clamped entropies and the MoE router loss (``multimodal``: a VLM's
-        image inputs)."""
+        """Per-token log-probs, entropies, clamped entropies and the MoE router loss, a ``ScoredCompletions``
+        (``multimodal``: a VLM's image inputs)."""
         raise NotImplementedError
 
     def on_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -231,7 +229,7 @@ class TRLBridge(GRPOTrainer):
         # TRL calls this for the rollout and reference log-probs; the same kernel scores them as the loss does, so the
         # on-policy ratio is exactly 1. A VLM's multimodal inputs come as keywords, each slice cut from them.
         check_known_inputs(model_inputs)
-        log_probs, entropy, _, router_loss = self._score(
+        scored = self.score_tokens(
             model,
             input_ids,
             attention_mask,
@@ -241,8 +239,8 @@ class TRLBridge(GRPOTrainer):
             multimodal=model_inputs,
         )
         if self._scoring_calls is not None:  # the kernel computed the entropy with the log-probs: keep both
-            self._scoring_calls.append((log_probs, entropy))
-        return log_probs, (entropy if compute_entropy else None), router_loss
+            self._scoring_calls.append((scored.log_probs, scored.entropy))
+        return scored.log_probs, (scored.entropy if compute_entropy else None), scored.router_loss
 
     def _compute_loss(self, model, inputs):
         loss = self.loss_step(model, inputs)

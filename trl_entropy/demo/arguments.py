@@ -45,7 +45,7 @@ class DemoArguments:
             "help": f"Runs, in order: registered methods {list(METHODS)}, methods combined (NAME{SEPARATOR}NAME), "
             "or the name of any YAML config in --configs_dir (e.g. clip_low). Default: toy, every registered method, "
             "then every combination with a YAML config in --configs_dir; smollm2, the registered methods with a YAML "
-            "config in examples/configs/smollm2."
+            "config in trl_entropy/demo/configs/smollm2."
         },
     )
     max_steps: int | None = field(
@@ -108,8 +108,9 @@ class DemoArguments:
     configs_dir: str | None = field(
         default=None,
         metadata={
-            "help": "Folder of the per-run YAML configs (<name>.yaml). Default: the clone's examples/configs; an "
-            "installed package without the clone has none, and every run trains with its library defaults."
+            "help": "Folder of the per-run YAML configs (<name>.yaml). Default: the package's own, "
+            "trl_entropy/demo/configs (toy) or trl_entropy/demo/configs/smollm2 (smollm2); a clone's examples/configs "
+            "is a link to the first."
         },
     )
     smoothing: int | None = field(
@@ -159,11 +160,11 @@ class DemoArguments:
             )
         if self.phase2_steps is None:
             self.phase2_steps = self.max_steps if len(model.tasks) > 1 else 0
-        if self.configs_dir is None and model.configs_dir.is_dir():
+        if self.configs_dir is None:
             self.configs_dir = str(model.configs_dir)
         if self.methods is None:
             self.methods = list(METHODS if model.methods is None else model.methods)
-        if self.methods == list(METHODS) and self.configs_dir is not None:
+        if self.methods == list(METHODS):
             self.methods += sorted(path.stem for path in Path(self.configs_dir).glob(f"*{SEPARATOR}*.yaml"))
         if not 1 <= self.num_prompts <= model.num_training_problems():
             raise ValueError(
@@ -192,11 +193,10 @@ def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:
     """The method and the method-specific config values of the run ``name``: its YAML config's, or none with
     ``paper_defaults`` (the method's registry defaults always apply)."""
     training = DEMO_MODELS[demo.model].training
-    path = None if demo.configs_dir is None else os.path.join(demo.configs_dir, f"{name}.yaml")
-    if path is None or not os.path.exists(path):
+    path = os.path.join(demo.configs_dir, f"{name}.yaml")
+    if not os.path.exists(path):
         if name not in METHODS and SEPARATOR not in name:
-            where = "there is no --configs_dir" if path is None else f"there is no {path} config"
-            raise ValueError(f"unknown run {name!r}: not a method ({sorted(METHODS)}) and {where}")
+            raise ValueError(f"unknown run {name!r}: not a method ({sorted(METHODS)}) and there is no {path} config")
         get_method(name)  # methods combined: refused here, before any training, where they cannot be
         return name, {}
     with open(path) as file:

@@ -15,8 +15,9 @@ TASK_NAMES = {TASK_A: "addition", TASK_B: "subtraction"}
 # Supervised warm-start steps on both tasks: the policy then solves about a third of either task's held-out problems
 # sampling at temperature 1 (seed 0: 0.34 on both), so GRPO has an advantage signal on each.
 WARM_START_STEPS = 450
-# The clone's per-run configs (examples/configs beside the package); an installed package has none.
-CLONE_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "examples" / "configs"
+# The per-run YAML configs, package data (setup.py's package_data): an installed package and a clone read the same
+# files. The clone's examples/configs is a link to this folder, the files `examples/train.py --config` reads.
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
 
 def methods_configured_in(folder: Path) -> tuple[str, ...]:
@@ -169,7 +170,7 @@ DEMO_MODELS = {
         num_prompts=TOY_NUM_PROMPTS,
         num_samples=16,
         methods=None,
-        configs_dir=CLONE_CONFIGS_DIR,
+        configs_dir=CONFIGS_DIR,
         smoothing=40,
         eval_steps=None,
     ),
@@ -182,8 +183,8 @@ DEMO_MODELS = {
         training=SMOLLM2_TRAINING_DEFAULTS,
         num_prompts=None,
         num_samples=8,
-        methods=methods_configured_in(CLONE_CONFIGS_DIR / "smollm2"),
-        configs_dir=CLONE_CONFIGS_DIR / "smollm2",
+        methods=methods_configured_in(CONFIGS_DIR / "smollm2"),
+        configs_dir=CONFIGS_DIR / "smollm2",
         smoothing=5,
         eval_steps=10,
     ),

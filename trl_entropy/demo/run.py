@@ -11,7 +11,7 @@ from trl_entropy.report import missing_matplotlib
 from .arguments import DemoArguments, run_settings
 from .figure import plot
 from .jobs import Job
-from .models import CLONE_CONFIGS_DIR, DEMO_MODELS, TASK_A, TASK_B
+from .models import CONFIGS_DIR, DEMO_MODELS, TASK_A, TASK_B
 from .provenance import cpu_seconds, versions
 from .scheduler import execute
 from .summary import along_training, average, interval_scope, interval_summaries, mean, pooled_law, summarise
@@ -35,8 +35,6 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
     problem = missing_matplotlib("the demo draws its curves")
     if problem:  # before any training
         raise ImportError(problem)
-    if demo.configs_dir is None:
-        print("demo: no run configs (examples/configs is in the clone): every run trains with its library defaults")
     settings = {name: run_settings(name, demo) for name in demo.methods}  # fail before any training on a bad run
     provenance = versions()
     os.makedirs(demo.output_dir, exist_ok=True)
@@ -222,7 +220,7 @@ def write_outputs(history_path: str) -> dict[str, dict]:
     steps_text = (
         f"{arguments['max_steps']} + {phase2_steps} steps" if phase2_steps else f"{arguments['max_steps']} steps"
     )
-    configs = f"settings of {model.configs_dir.relative_to(CLONE_CONFIGS_DIR.parents[1])}"
+    configs = f"settings of {model.configs_dir.relative_to(CONFIGS_DIR.parents[2])}"  # the same, installed or cloned
     title = f"{model.title}, {arguments['num_prompts']} prompts per task, {steps_text}, {seed_text}, " + (
         "library defaults" if arguments["paper_defaults"] or arguments.get("configs_dir", "") is None else configs
     )

@@ -1,9 +1,9 @@
 """The methods, one file each, and their registry: what `--method` names in `examples/train.py` and the demo.
 
-Each method file reads top to bottom: its math as pure functions, its controller, its config, its trainer (a small
-class that fills the hooks of `trl_entropy.core.trainer.EntropyGRPOTrainer`), and last its declaration, a
-`MethodSpec` (`methods/spec.py`). The registry below is built from the declarations, one import line per method;
-docs/adding_a_method.md says how to add one.
+Each method file reads top to bottom: its math as pure functions, its controller, its part (the seams of the loss step
+it fills, `trl_entropy.core.parts.MethodPart`), its config (which names the part), its trainer (the base trainer with
+the method's config as its default), and last its declaration, a `MethodSpec` (`methods/spec.py`). The registry below
+is built from the declarations, one import line per method; docs/adding_a_method.md says how to add one.
 """
 
 from ..core.citation import sign_model_card
@@ -20,7 +20,7 @@ from .erc import SPEC as _erc
 from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
 from .repo import SPEC as _repo
-from .spec import MethodSpec, Metric, Neutral, Place, Variant
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
 
 
 # The base trainer's own settings, declared like a method so that --method, the report and the tests list them with
@@ -37,6 +37,8 @@ GRPO = MethodSpec(
             {"entropy_coef": 1e-3},
             metrics=("entropy_coef",),
             neutral=Neutral(trl={"entropy_coef": 1e-3}),
+            # The toy sweep: TRL's entropy bonus from ten times its registry value up.
+            sweep=Sweep({"entropy_coef": [0.01, 0.03, 0.1]}),
         ),
     },
     acts_on=(Place.REGULARISER,),
@@ -54,6 +56,7 @@ __all__ = [
     "Metric",
     "Neutral",
     "Place",
+    "Sweep",
     "Variant",
     "combination",
     "get_method",
@@ -101,8 +104,15 @@ def combination(names) -> MethodSpec:
     what to change where they cannot."""
     ordered = in_axis_order(names, METHODS)
     if ordered not in _COMBINATIONS:
-        _COMBINATIONS[ordered] = combine(ordered, METHODS)
+        _COMBINATIONS[ordered] = combine(ordered, METHODS, combined_config)
     return _COMBINATIONS[ordered]
+
+
+def combined_config(names: tuple[str, ...], state: dict) -> EntropyGRPOConfig:
+    """The config of the methods ``names`` holding ``state``: how a combination's config unpickles."""
+    config = object.__new__(combination(names).config_class)
+    config.__dict__.update(state)
+    return config
 
 
 def _config_class_to_build(config_class: type, options: dict) -> type:
@@ -119,15 +129,3 @@ def _config_class_to_build(config_class: type, options: dict) -> type:
 
 
 EntropyGRPOConfig.combined_config_class = staticmethod(_config_class_to_build)
-EntropyGRPOConfig.combined_trainer_class = staticmethod(
-    lambda config: combination(config.entropy_control).trainer_class
-)
-
-
-def __getattr__(name: str):
-    """A combination's classes by their names (``Config[NAME+NAME]``, ``Trainer[NAME+NAME]``), as pickle finds them."""
-    kind, _, rest = name.partition("[")
-    if kind in ("Config", "Trainer") and rest.endswith("]"):
-        entry = combination(rest[:-1].split(SEPARATOR))
-        return entry.config_class if kind == "Config" else entry.trainer_class
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,7 @@ from ..core.config import (
 )
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
+from ..core.parts import MethodPart
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Neutral, Place
 
@@ -63,6 +64,27 @@ class ADAPOController(EntropyTargetController):
         return adapo_controller_step(value, mean_entropy, target, self.delta, self.minimum, self.maximum)
 
 
+class ADAPOPart(MethodPart):
+    """ADAPO's seams: its controller, and the PPO clip's upper bound where the controller holds it."""
+
+    key = "adapo"
+
+    def controllers(self) -> list[Controller]:
+        args = self.args
+        return [
+            ADAPOController(
+                args.epsilon_high,
+                args.adapo_epsilon_high_step,
+                args.adapo_epsilon_high_min,
+                args.adapo_epsilon_high_max,
+                args.adapo_entropy_target,
+            )
+        ]
+
+    def clip_range(self) -> tuple[float, float]:
+        return self.trainer.epsilon_low, self.trainer.controllers[ADAPOController.name].value
+
+
 @dataclass
 class ADAPOConfig(EntropyGRPOConfig):
     r"""
@@ -92,6 +114,8 @@ class ADAPOConfig(EntropyGRPOConfig):
         "vespo": "VESPO has no clip bound to move: a smooth gamma weight of the sequence ratio replaces the clip",
     }
     controls_clip_range: ClassVar[bool] = True  # ADAPO warns about on-policy training itself, in its own words
+
+    method_parts: ClassVar[tuple[type, ...]] = (ADAPOPart,)
 
     epsilon_high: float | None = config_field(
         0.28,
@@ -154,22 +178,6 @@ class ADAPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = ADAPOConfig
-
-    def build_controllers(self) -> list[Controller]:
-        args = self.args
-        return [
-            *super().build_controllers(),
-            ADAPOController(
-                args.epsilon_high,
-                args.adapo_epsilon_high_step,
-                args.adapo_epsilon_high_min,
-                args.adapo_epsilon_high_max,
-                args.adapo_entropy_target,
-            ),
-        ]
-
-    def clip_range(self) -> tuple[float, float]:
-        return self.epsilon_low, self.controllers["adapo"].value
 
 
 SPEC = MethodSpec(

@@ -10,8 +10,7 @@ moves after every generation cycle (paper eq. 4.1, the reference AReaL recipe ``
     λ ← clip(λ − α · (min(0, H̄ − H_low) + max(0, H̄ − H_high)), λ_min, λ_max)
 
 with ``H̄`` the cycle's token-mean clamped entropy over all its micro-batches and all ranks. ``λ`` rises while
-``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band. With TRL's ``top_entropy_quantile < 1`` the
-bonus averages over the tokens TRL's high-entropy filter keeps, as TRL's own bonus does.
+``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band.
 """
 
 from dataclasses import dataclass
@@ -23,9 +22,10 @@ from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
+from ..core.parts import MethodPart, Metrics
 from ..core.statistics import masked_mean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 __all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]
@@ -99,23 +99,41 @@ class AEntController(Controller):
         return {"aent/coef": self.value}
 
 
+class AEntPart(MethodPart):
+    """AEnt's seams: the clamped entropy, the controller, and the bonus: ``−λ`` times the clamped entropy's token mean
+    over the micro-batch (the full one when ``p = 0``), over the tokens TRL's high-entropy filter keeps (as TRL's)."""
+
+    key = "aent"
+
+    def controllers(self) -> list[Controller]:
+        return [AEntController.from_config(self.args)]
+
+    def clamp_fraction(self) -> float:
+        return self.args.aent_clamp_fraction
+
+    def regulariser(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
+        entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
+        mask = batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
+        return -self.trainer.controllers[AEntController.name].value * masked_mean(entropy, mask), {}
+
+
 @dataclass
 class AEntConfig(EntropyGRPOConfig):
     r"""
     Configuration for [`AEntTrainer`]: every field of [`EntropyGRPOConfig`] plus AEnt's clamped-entropy bonus.
 
-    Defaults are the reference implementation's (the paper author's AReaL recipe, `recipe/AEnt`, README), except
-    `aent_warmup_steps` (the reference's example run used 29).
+    Defaults are the reference implementation's (AReaL `recipe/AEnt`), except `aent_warmup_steps` (its run used 29).
 
     Parameters (each field's `help` says more):
         aent_clamp_fraction (`float`, defaults to `0.3`): fraction `p` of the vocabulary dropped, `0 ≤ p < 1`.
-        aent_coef_init (`float`, defaults to `2e-4`): initial bonus coefficient `λ_0`.
+        aent_coef_init, aent_coef_lr (`float`, default to `2e-4`, `1e-3`): initial coefficient `λ_0`, its rate `α`.
         aent_entropy_low, aent_entropy_high (`float`, default to `0.05`, `0.23`): the band `[H_low, H_high]`.
-        aent_coef_lr (`float`, defaults to `1e-3`): learning rate `α` of the coefficient.
         aent_coef_min, aent_coef_max (`float`, default to `1e-5`, `3e-3`): the box `[λ_min, λ_max]` of `λ`.
         aent_warmup_steps (`int`, defaults to `0`): optimizer steps during which `λ` stays at `λ_0`.
         aent_adaptive (`bool`, defaults to `True`): move `λ`; `False` keeps `λ = λ_0` (the box is then unused).
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (AEntPart,)
 
     aent_clamp_fraction: float = config_field(
         0.3,
@@ -178,7 +196,7 @@ class AEntConfig(EntropyGRPOConfig):
         super().__post_init__()
         for low, high, what in (
             ("aent_entropy_low", "aent_entropy_high", "band"),
-            ("aent_coef_min", "aent_coef_max", "coefficient box"),
+            ("aent_coef_min", "aent_coef_max", "box"),
         ):
             if getattr(self, low) > getattr(self, high):
                 raise ValueError(
@@ -197,28 +215,14 @@ class AEntConfig(EntropyGRPOConfig):
 
 class AEntTrainer(EntropyGRPOTrainer):
     """GRPO with AEnt's clamped-entropy bonus and adaptive coefficient (see the module docstring). Takes the same
-    arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]. The clamped entropy comes out of the fused
-    kernel in the same forward pass as the log-probs. Logs `aent/coef`, `entropy/clamped` and `entropy`."""
+    arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]."""
 
-    config_class: ClassVar[type] = AEntConfig
+    config_class = AEntConfig
 
     @property
     def aent_coef(self) -> float:
         """The current coefficient ``λ`` (the value the next micro-batch's loss uses)."""
         return self.controllers[AEntController.name].value
-
-    def build_controllers(self) -> list[Controller]:
-        return [*super().build_controllers(), AEntController.from_config(self.args)]
-
-    def clamp_fraction(self) -> float:
-        return self.args.aent_clamp_fraction
-
-    def regulariser(self, batch: CompletionBatch) -> torch.Tensor:
-        """``−λ`` times the token mean of the clamped entropy over the micro-batch (full entropy when ``p = 0``), over
-        the tokens TRL's high-entropy filter keeps when ``top_entropy_quantile < 1``."""
-        entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
-        mask = batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
-        return -self.aent_coef * masked_mean(entropy, mask)
 
 
 SPEC = MethodSpec(
@@ -236,4 +240,10 @@ SPEC = MethodSpec(
     paper=Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025),
     tag="aent",
     exports=(AEntController,),
+    # The toy sweep: AEnt's band stays [0.4, 0.5] around the toy policy's start (0.58 nats); the controller's step and
+    # box are swept.
+    sweep=Sweep(
+        {"aent_coef_lr": [0.1, 1.0], "aent_coef_max": [0.05, 0.5]},
+        fixed={"aent_entropy_low": 0.4, "aent_entropy_high": 0.5},
+    ),
 )

@@ -24,8 +24,9 @@ from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
+from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 def ce_gppo_branches(
@@ -79,6 +80,32 @@ def ce_gppo_surrogate(
     return loss, low, high
 
 
+class CEGPPOPart(MethodPart):
+    """CE-GPPO's seam: the surrogate, whose clipped tokens keep a bounded gradient."""
+
+    key = "ce_gppo"
+
+    def surrogate(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, Metrics]:
+        epsilon_low, epsilon_high = self.trainer.clip_range()
+        args = self.args
+        loss, low, high = ce_gppo_surrogate(
+            batch.log_probs - batch.old_log_probs,  # the log of `ratio` (token level, the only one accepted)
+            token_advantages,
+            epsilon_low,
+            epsilon_high,
+            args.ce_gppo_beta1,
+            args.ce_gppo_beta2,
+            args.delta,
+        )
+        metrics = {
+            "ce_gppo/low_fraction": TokenMean(low.float(), batch.mask),
+            "ce_gppo/high_fraction": TokenMean(high.float(), batch.mask),
+        }
+        return loss, metrics
+
+
 @dataclass
 class CEGPPOConfig(EntropyGRPOConfig):
     r"""
@@ -107,6 +134,8 @@ class CEGPPOConfig(EntropyGRPOConfig):
         "ratio replaces the clip",
     }
     controls_clip_range: ClassVar[bool] = True  # CE-GPPO acts through the clip and warns about on-policy runs itself
+
+    method_parts: ClassVar[tuple[type, ...]] = (CEGPPOPart,)
 
     ce_gppo_beta1: float = config_field(
         0.5,
@@ -161,24 +190,6 @@ class CEGPPOTrainer(EntropyGRPOTrainer):
 
     config_class = CEGPPOConfig
 
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
-    ) -> torch.Tensor:
-        epsilon_low, epsilon_high = self.clip_range()
-        args = self.args
-        loss, low, high = ce_gppo_surrogate(
-            batch.log_probs - batch.old_log_probs,  # the log of `ratio` (token level, the only one accepted)
-            token_advantages,
-            epsilon_low,
-            epsilon_high,
-            args.ce_gppo_beta1,
-            args.ce_gppo_beta2,
-            args.delta,
-        )
-        self.log_token_mean(batch, "ce_gppo/low_fraction", low.float())
-        self.log_token_mean(batch, "ce_gppo/high_fraction", high.float())
-        return loss
-
 
 SPEC = MethodSpec(
     key="ce_gppo",
@@ -212,4 +223,10 @@ SPEC = MethodSpec(
         "Guorui Zhou",
     ),
     tag="ce-gppo",
+    # The toy sweep: beta1 (the gradient kept by the tokens clipped below) around the authors' 0.25 / 0.5 / 0.75;
+    # beta2 1.
+    sweep=Sweep(
+        {"ce_gppo_beta1": [0.25, 0.5, 0.75]},
+        fixed={"ce_gppo_beta2": 1.0, "epsilon": 0.2, "epsilon_high": 0.2, "delta": 10.0},
+    ),
 )

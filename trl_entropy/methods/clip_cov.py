@@ -8,19 +8,23 @@ stay in the normaliser. Where the draw is made (per micro-batch, or once per gen
 ``cov_selection_scope`` of ``methods/cov_selection.py``.
 """
 
+import functools
 import hashlib
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
 from ..core.config import TOKEN_FRACTION, Range, config_field
+from ..core.parts import Metrics, TokenGate, TokenMean
 from ..core.statistics import token_covariance
 from ..core.surrogates import surrogate_flat
-from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
-from .spec import MethodSpec, Metric, Neutral, Place
+from ..core.trainer import EntropyGRPOTrainer
+from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 CLIP_COV_GENERATOR_FILE = "clip_cov_generator_{process_index}.pt"
@@ -65,6 +69,81 @@ def generation_batch_seed(seed: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+class ClipCovPart(CovSelectionPart):
+    """Clip-Cov's seam: a gate that zeroes the loss of the drawn tokens.
+
+    ``cov_selection_scope="micro_batch"``: the random choice uses a CPU ``torch.Generator`` seeded with
+    ``args.seed + process_index`` (one per rank, so each rank is reproducible and ranks draw differently), and a
+    separate one, seeded alike, for evaluation so evaluating never shifts the training draws. The training generator's
+    state is saved in every checkpoint (``clip_cov_generator_<rank>.pt``) and restored by ``resume_from_checkpoint``.
+
+    ``cov_selection_scope="generation_batch"``: the draw over a training generation batch uses a generator seeded with
+    :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume
+    (so checkpoints hold no generator state). Evaluation draws from its own generator seeded with ``args.seed`` (the
+    same on every rank). In the loss, a drawn token whose clip is active at that step is left as it is (its policy
+    gradient is already zero): the draw is made before any ratio is known, where every ratio is 1.
+    """
+
+    key = "clip_cov"
+
+    @functools.cached_property
+    def generators(self) -> dict[str, torch.Generator]:
+        """The draws' generators, ``"train"`` and ``"eval"``."""
+        seed = self.args.seed
+        if self.args.cov_selection_scope == "micro_batch":
+            seed += self.trainer.accelerator.process_index
+        return {mode: torch.Generator().manual_seed(seed) for mode in ("train", "eval")}
+
+    def select_tokens(self, cov, mask, clip_active, mode):
+        if self.args.cov_selection_scope == "generation_batch" and mode == "train":
+            seed = generation_batch_seed(self.args.seed, self.trainer.state.global_step)
+            generator = torch.Generator().manual_seed(seed)
+        else:
+            generator = self.generators[mode]
+        args = self.args
+        return clip_cov_selection(
+            cov, mask, clip_active, args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub, generator
+        )
+
+    def gate(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> tuple[TokenGate, Metrics]:
+        trainer = self.trainer
+        epsilon_low, epsilon_high = trainer.clip_range()
+        with torch.no_grad():
+            delta = self.args.delta
+            clip_active = surrogate_flat(trainer.loss_type, ratio, token_advantages, epsilon_low, epsilon_high, delta)
+            clip_active = clip_active.expand_as(batch.log_probs)
+            if self.args.cov_selection_scope == "micro_batch":
+                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
+                detached = self.select_tokens(cov, batch.mask, clip_active, batch.mode)
+            else:
+                detached = self.carried_selection(batch) & ~clip_active
+        gate = TokenGate(weight=(~detached).to(batch.log_probs.dtype))
+        return gate, {"clip_cov/detached_fraction": TokenMean(detached.float(), batch.mask)}
+
+    def rank_checkpoint_state(self) -> dict[str, object]:
+        # The generation-batch draws need no state: they are seeded by the step.
+        if self.args.cov_selection_scope != "micro_batch":
+            return {}
+        return {CLIP_COV_GENERATOR_FILE: self.generators["train"].get_state()}
+
+    def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
+        if self.args.cov_selection_scope != "micro_batch":
+            return
+        process_index = self.trainer.accelerator.process_index
+        state = load_rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, process_index)
+        if state is None:
+            path = rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, process_index)
+            warnings.warn(
+                f"{path} is missing: Clip-Cov's token selection restarts from its seed instead of continuing the "
+                "checkpointed random stream",
+                stacklevel=2,
+            )
+            return
+        self.generators["train"].set_state(state)
+
+
 @dataclass
 class ClipCovConfig(CovSelectionConfig):
     r"""
@@ -85,6 +164,8 @@ class ClipCovConfig(CovSelectionConfig):
         cov_selection_scope (`str`, *optional*, defaults to `"micro_batch"`):
             See [`CovSelectionConfig`].
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (ClipCovPart,)
 
     clip_cov_ratio: float = config_field(
         2e-4,
@@ -116,79 +197,11 @@ class ClipCovConfig(CovSelectionConfig):
             )
 
 
-class ClipCovTrainer(CovSelectionTrainer):
+class ClipCovTrainer(EntropyGRPOTrainer):
     """GRPO with Clip-Cov (Cui et al., arXiv:2505.22617, §4.2): a few random high-covariance tokens are detached from
-    the policy loss.
-
-    ``cov_selection_scope="micro_batch"``: the random choice uses a CPU ``torch.Generator`` seeded with
-    ``args.seed + process_index`` (one per rank, so each rank is reproducible and ranks draw differently), and a
-    separate one, seeded alike, for evaluation so evaluating never shifts the training draws. The training generator's
-    state is saved in every checkpoint (``clip_cov_generator_<rank>.pt``) and restored by ``resume_from_checkpoint``.
-
-    ``cov_selection_scope="generation_batch"``: the draw over a training generation batch uses a generator seeded with
-    :func:`generation_batch_seed` of ``args.seed`` and the optimizer step, the same on every rank and after a resume
-    (so checkpoints hold no generator state). Evaluation draws from its own generator seeded with ``args.seed`` (the
-    same on every rank). In the loss, a drawn token whose clip is active at that step is left as it is (its policy
-    gradient is already zero): the draw is made before any ratio is known, where every ratio is 1.
-    """
+    the policy loss (how they are drawn: :class:`ClipCovPart`)."""
 
     config_class = ClipCovConfig
-
-    def __init__(self, *positional, **keyword):
-        super().__init__(*positional, **keyword)
-        seed = self.args.seed
-        if self.args.cov_selection_scope == "micro_batch":
-            seed += self.accelerator.process_index
-        self._clip_cov_generators = {mode: torch.Generator().manual_seed(seed) for mode in ("train", "eval")}
-
-    def select_tokens(self, cov, mask, clip_active, mode):
-        if self.args.cov_selection_scope == "generation_batch" and mode == "train":
-            generator = torch.Generator().manual_seed(generation_batch_seed(self.args.seed, self.state.global_step))
-        else:
-            generator = self._clip_cov_generators[mode]
-        args = self.args
-        return clip_cov_selection(
-            cov, mask, clip_active, args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub, generator
-        )
-
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
-    ) -> torch.Tensor:
-        per_token_loss = super().per_token_policy_loss(batch, ratio, token_advantages)
-        epsilon_low, epsilon_high = self.clip_range()
-        with torch.no_grad():
-            delta = self.args.delta
-            clip_active = surrogate_flat(self.loss_type, ratio, token_advantages, epsilon_low, epsilon_high, delta)
-            clip_active = clip_active.expand_as(per_token_loss)
-            if self.args.cov_selection_scope == "micro_batch":
-                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
-                detached = self.select_tokens(cov, batch.mask, clip_active, batch.mode)
-            else:
-                detached = self.carried_selection(batch) & ~clip_active
-        self.log_token_mean(batch, "clip_cov/detached_fraction", detached.float())
-        return torch.where(detached, torch.zeros_like(per_token_loss), per_token_loss)
-
-    def rank_checkpoint_state(self) -> dict[str, object]:
-        # The generation-batch draws need no state: they are seeded by the step.
-        state = super().rank_checkpoint_state()
-        if self.args.cov_selection_scope == "micro_batch":
-            state[CLIP_COV_GENERATOR_FILE] = self._clip_cov_generators["train"].get_state()
-        return state
-
-    def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
-        super().restore_rank_checkpoint_state(checkpoint)
-        if self.args.cov_selection_scope != "micro_batch":
-            return
-        state = load_rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, self.accelerator.process_index)
-        if state is None:
-            path = rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, self.accelerator.process_index)
-            warnings.warn(
-                f"{path} is missing: Clip-Cov's token selection restarts from its seed instead of continuing the "
-                "checkpointed random stream",
-                stacklevel=2,
-            )
-            return
-        self._clip_cov_generators["train"].set_state(state)
 
 
 SPEC = MethodSpec(
@@ -210,4 +223,6 @@ SPEC = MethodSpec(
     name="Clip-Cov",
     paper=COV_PAPER,
     tag="clip-cov",
+    # The toy sweep: the ratio over 0.01–0.5 and the lower bound of the covariance window.
+    sweep=Sweep({"clip_cov_ratio": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5], "clip_cov_lb": [0.05, 0.2, 1.0]}),
 )

@@ -1,19 +1,19 @@
-"""Methods combined: one config and one trainer made from the methods that ``entropy_control`` names.
+"""Methods combined: one config made from the methods that ``entropy_control`` names, whose parts the trainer runs.
 
 Each method acts on one axis of the loss step (the first place its declaration's ``acts_on`` names). A combination
-takes at most one method per axis, except the stop-gradient gates, where a token is detached if any gate says so, and
-the axes act in the order of ``AXES``: the group baseline's advantages feed the per-token advantages, which are the
-surrogate's ``A``; the gates act on the surrogate's per-token loss. The combined trainer has the methods' trainers as
-its bases, the last axis first, so that every hook a method fills runs inside the hooks of the axes before it; the
-combined config has the methods' configs as its bases, so it takes every selected method's fields with their defaults
-and their checks. One method whose registry name sets no defaults is its own config and trainer. docs/composing.md.
+takes at most one method per axis, except the gates, which all act, one after another, and the axes act in the order
+of ``AXES``: the group baseline's advantages feed the token advantages, which are the surrogate's ``A``; the gates act
+on the surrogate's per-token loss. The combined config lists the methods' parts in that order (``method_parts``), and
+``EntropyGRPOTrainer`` asks each for its seams; it has the methods' configs as its bases, so it takes every selected
+method's fields with their defaults and their checks. One method whose registry name sets no defaults is its own
+config. docs/composing.md.
 """
 
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 
-from ..core.citation import sign_combined_model_card
 from ..core.config import FIELD_RULES, EntropyGRPOConfig, refuse_loss_type
 from ..core.objectives import LOSS_TYPES
+from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Neutral, Place
 
 
@@ -92,33 +92,20 @@ def refuse_pair(first: str, second: str, registry: dict[str, MethodSpec]) -> Non
             )
 
 
-def combine(names: tuple[str, ...], registry: dict[str, MethodSpec]) -> MethodSpec:
-    """The registry entry of ``names`` (in axis order, from :func:`in_axis_order`) acting together: its config and
-    trainer classes, what it logs, and its model card's methods and papers."""
+def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], rebuild) -> MethodSpec:
+    """The registry entry of ``names`` (in axis order, from :func:`in_axis_order`) acting together: its config class
+    (``rebuild(names, state)`` unpickles one), what it logs, and its model card's methods and papers. Its trainer is
+    ``EntropyGRPOTrainer``, which trains whatever parts its config names."""
     entries = [registry[name] for name in names]
     if len(entries) == 1 and not entries[0].defaults:
         return entries[0]
     label = SEPARATOR.join(names)
-    config_class = combined_config_class(label, names, entries)
-    trainer_bases = last_axis_first(entry.trainer_class for entry in entries)
-    trainer_class = type(
-        f"Trainer[{label}]",
-        trainer_bases,
-        {
-            "__doc__": f"The trainer of {label}: " + "; ".join(entry.description for entry in entries) + ".",
-            "__module__": "trl_entropy.methods",
-            "__qualname__": f"Trainer[{label}]",
-            "config_class": config_class,
-        },
-    )
-    signed = [entry for entry in entries if entry.paper is not None]
-    if signed:
-        sign_combined_model_card(trainer_class, [(entry.name, entry.paper, entry.tag) for entry in signed])
+    config_class = combined_config_class(label, names, entries, rebuild)
     return replace(
         entries[0],
         key=label,
         config_class=config_class,
-        trainer_class=trainer_class,
+        trainer_class=EntropyGRPOTrainer,
         description="; ".join(entry.description for entry in entries),
         defaults={},
         variants={},
@@ -133,21 +120,23 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec]) -> MethodSp
         paper=None,
         tag=None,
         exports=(),
+        sweep=None,  # a combination sweeps its methods' grids (examples/toy_sweep.py)
     )
 
 
 def last_axis_first(classes) -> tuple[type, ...]:
-    """The classes from the last axis to the first, less any that another one extends (the base's own config and
-    trainer, under a method's)."""
+    """The classes from the last axis to the first, less any that another one extends (the base's own config, under a
+    method's)."""
     classes = list(dict.fromkeys(reversed(list(classes))))
     return tuple(c for c in classes if not any(other is not c and issubclass(other, c) for other in classes))
 
 
-def combined_config_class(label: str, names: tuple[str, ...], entries: list[MethodSpec]) -> type:
-    """The methods' configs as the bases of one dataclass, with the loss types that every method supports and each
-    refusal naming the method that refuses. A field keeps the default its method gives it, where it differs from the
-    base's (each base's fields include those it inherits, which would otherwise win by the order of the bases), and
-    the registry names' defaults; the field's check stays."""
+def combined_config_class(label: str, names: tuple[str, ...], entries: list[MethodSpec], rebuild) -> type:
+    """The methods' configs as the bases of one dataclass, with every method's parts in axis order, the loss types that
+    every method supports and each refusal naming the method that refuses. It pickles as ``rebuild(names, state)``,
+    so that loading it needs no class looked up by name. A field keeps the default its method gives it, where it
+    differs from the base's (each base's fields include those it inherits, which would otherwise win by the order of
+    the bases), and the registry names' defaults; the field's check stays."""
     bases = last_axis_first(entry.config_class for entry in entries)
     base_fields = {f.name: f for f in fields(EntropyGRPOConfig)}
     defaults: dict[str, tuple] = {}  # field -> (default, the method that sets it, its field)
@@ -178,6 +167,11 @@ def combined_config_class(label: str, names: tuple[str, ...], entries: list[Meth
         for name, config_class in methods:
             refuse_loss_type(self.loss_type, name, config_class)
 
+    def __reduce__(self):
+        return rebuild, (names, dict(self.__dict__))
+
+    signed = [(entry.name, entry.paper, entry.tag) for entry in entries if entry.paper is not None]
+
     namespace = {
         "__doc__": f"The config of {label}: every field of " + ", ".join(base.__name__ for base in bases) + ".",
         "__module__": "trl_entropy.methods",
@@ -187,6 +181,9 @@ def combined_config_class(label: str, names: tuple[str, ...], entries: list[Meth
         # TRL's entropy bonus, selected by name, is the base's own config with its coefficient set.
         "selects_trl_entropy_bonus": any(entry.config_class is EntropyGRPOConfig for entry in entries),
         "check_method_settings": check_method_settings,
+        "__reduce__": __reduce__,
+        "method_parts": tuple(part for entry in entries for part in entry.config_class.method_parts),
+        "model_card": signed or None,
     }
     return make_dataclass(f"Config[{label}]", redeclared, bases=bases, namespace=namespace)
 

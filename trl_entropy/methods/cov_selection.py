@@ -25,8 +25,8 @@ from trl.models.utils import disable_gradient_checkpointing
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, config_field
+from ..core.parts import MethodPart
 from ..core.statistics import covariance_moments, pooled_covariance
-from ..core.trainer import EntropyGRPOTrainer
 
 
 COV_SELECTION_SCOPES = ("micro_batch", "generation_batch")
@@ -48,6 +48,95 @@ def selection_count(ratio: float, num_valid: int) -> int:
     if num_valid <= 0:
         return 0
     return max(math.floor(ratio * num_valid), 1)
+
+
+class CovSelectionPart(MethodPart):
+    """What Clip-Cov's and KL-Cov's parts share: the covariance selection, per micro-batch or once per generation
+    batch.
+
+    Subclasses define :meth:`select_tokens` (their rule over a pool of covariance terms). With
+    ``cov_selection_scope="generation_batch"``, :meth:`select_over_generation_batch` runs on every generation batch
+    (the ``on_generation_batch`` hook) and stores its mask under ``COV_SELECTION_KEY``; TRL's shuffle and split carry
+    it to each micro-batch, where :meth:`carried_selection` reads it.
+    """
+
+    carried_token_keys = (COV_SELECTION_KEY,)
+
+    def select_tokens(self, cov: torch.Tensor, mask: torch.Tensor, clip_active: torch.Tensor | None, mode: str):
+        """The method's selection over ``cov`` (bool, shaped like ``cov``); ``clip_active``: where the clip binds."""
+        raise NotImplementedError
+
+    def on_generation_batch(self, batch: dict) -> None:
+        if self.args.cov_selection_scope == "generation_batch":
+            batch[COV_SELECTION_KEY] = self.select_over_generation_batch(batch)
+
+    def select_over_generation_batch(self, batch: dict) -> torch.Tensor:
+        """The selection over a whole generation batch on all ranks, as this rank's ``(B, T)`` bool mask.
+
+        ``Cov_t`` uses the rollout log-probs ``ℓ^old`` and the advantages, centred over every valid token of the
+        generation batch on every rank. The valid tokens' terms are pooled in rank order (each rank's tokens in
+        row-major order), the method selects over the pool exactly as it would over one micro-batch (at the rollout
+        policy every ratio is 1, so no clip is active), and each rank keeps its own part. Collective: every rank must
+        call it.
+        """
+        mask = batch["completion_mask"]
+        if "tool_mask" in batch:
+            mask = mask * batch["tool_mask"]
+        log_probs = batch.get("old_per_token_logps")
+        if log_probs is None:
+            log_probs = self._rollout_log_probs(batch)
+        accelerator = self.trainer.accelerator
+        moments = accelerator.reduce(covariance_moments(log_probs, batch["advantages"], mask), reduction="sum")
+        cov = pooled_covariance(log_probs, batch["advantages"], mask, moments)
+        valid = mask.bool()
+        pool, offset = self._pool_in_rank_order(cov[valid])
+        pool = pool.unsqueeze(0)
+        no_clip = torch.zeros_like(pool, dtype=torch.bool)
+        pooled_selection = self.select_tokens(pool, torch.ones_like(pool), no_clip, self.trainer.mode)
+        selected = torch.zeros_like(valid)
+        selected[valid] = pooled_selection[0, offset : offset + int(valid.sum())]
+        return selected
+
+    def _rollout_log_probs(self, batch: dict) -> torch.Tensor:
+        """ℓ^old where TRL skipped it (on-policy): one forward pass without gradient, as TRL makes it off-policy."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        trainer = self.trainer
+        if trainer.mode == "train":
+            batch_size = self.args.per_device_train_batch_size
+        else:
+            batch_size = self.args.per_device_eval_batch_size
+        with torch.no_grad(), disable_gradient_checkpointing(trainer.model, self.args.gradient_checkpointing_kwargs):
+            scored = trainer.score_tokens(
+                trainer.model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=batch_size,
+                multimodal=batch,  # a VLM's images, sliced with their rows
+            )
+        return scored.log_probs
+
+    def _pool_in_rank_order(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Every rank's 1-D ``values`` concatenated in rank order, and where this rank's part starts."""
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return values, 0
+        counts = accelerator.gather(torch.tensor([values.numel()], device=values.device)).tolist()
+        padded = accelerator.gather(accelerator.pad_across_processes(values, dim=0))
+        padded = padded.view(accelerator.num_processes, -1)
+        pool = torch.cat([padded[rank, :count] for rank, count in enumerate(counts)])
+        return pool, sum(counts[: accelerator.process_index])
+
+    @staticmethod
+    def carried_selection(batch: CompletionBatch) -> torch.Tensor:
+        """The micro-batch's part of its generation batch's selection (``"generation_batch"`` scope)."""
+        if COV_SELECTION_KEY not in batch.carried:
+            raise KeyError(
+                f"cov_selection_scope='generation_batch' but the batch has no {COV_SELECTION_KEY!r} mask: it is made "
+                "by on_generation_batch; for a hand-built batch, set it from select_over_generation_batch(batch)."
+            )
+        return batch.carried[COV_SELECTION_KEY].bool()
 
 
 @dataclass
@@ -81,91 +170,3 @@ class CovSelectionConfig(EntropyGRPOConfig):
                 f"{type(self).__name__}: it selects individual tokens by their covariance, so it needs one importance "
                 "ratio per token. Use importance_sampling_level='token'."
             )
-
-
-class CovSelectionTrainer(EntropyGRPOTrainer):
-    """What Clip-Cov and KL-Cov share: the covariance selection, per micro-batch or once per generation batch.
-
-    Subclasses define :meth:`select_tokens` (their rule over a pool of covariance terms). With
-    ``cov_selection_scope="generation_batch"``, :meth:`select_over_generation_batch` runs on every generation batch
-    (the ``on_generation_batch`` hook) and stores its mask under ``COV_SELECTION_KEY``; TRL's shuffle and split carry
-    it to each micro-batch, where :meth:`carried_selection` reads it.
-    """
-
-    config_class = CovSelectionConfig
-    carried_token_keys = (COV_SELECTION_KEY,)
-
-    def select_tokens(self, cov: torch.Tensor, mask: torch.Tensor, clip_active: torch.Tensor | None, mode: str):
-        """The method's selection over ``cov`` (bool, shaped like ``cov``); ``clip_active``: where the clip binds."""
-        raise NotImplementedError
-
-    def on_generation_batch(self, batch: dict) -> None:
-        super().on_generation_batch(batch)
-        if self.args.cov_selection_scope == "generation_batch":
-            batch[COV_SELECTION_KEY] = self.select_over_generation_batch(batch)
-
-    def select_over_generation_batch(self, batch: dict) -> torch.Tensor:
-        """The selection over a whole generation batch on all ranks, as this rank's ``(B, T)`` bool mask.
-
-        ``Cov_t`` uses the rollout log-probs ``ℓ^old`` and the advantages, centred over every valid token of the
-        generation batch on every rank. The valid tokens' terms are pooled in rank order (each rank's tokens in
-        row-major order), the method selects over the pool exactly as it would over one micro-batch (at the rollout
-        policy every ratio is 1, so no clip is active), and each rank keeps its own part. Collective: every rank must
-        call it.
-        """
-        mask = batch["completion_mask"]
-        if "tool_mask" in batch:
-            mask = mask * batch["tool_mask"]
-        log_probs = batch.get("old_per_token_logps")
-        if log_probs is None:
-            log_probs = self._rollout_log_probs(batch)
-        moments = self.accelerator.reduce(covariance_moments(log_probs, batch["advantages"], mask), reduction="sum")
-        cov = pooled_covariance(log_probs, batch["advantages"], mask, moments)
-        valid = mask.bool()
-        pool, offset = self._pool_in_rank_order(cov[valid])
-        pool = pool.unsqueeze(0)
-        no_clip = torch.zeros_like(pool, dtype=torch.bool)
-        mode = "train" if self.model.training else "eval"
-        pooled_selection = self.select_tokens(pool, torch.ones_like(pool), no_clip, mode)
-        selected = torch.zeros_like(valid)
-        selected[valid] = pooled_selection[0, offset : offset + int(valid.sum())]
-        return selected
-
-    def _rollout_log_probs(self, batch: dict) -> torch.Tensor:
-        """ℓ^old where TRL skipped it (on-policy): one forward pass without gradient, as TRL makes it off-policy."""
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        if self.model.training:
-            batch_size = self.args.per_device_train_batch_size
-        else:
-            batch_size = self.args.per_device_eval_batch_size
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            log_probs, *_ = self._score(
-                self.model,
-                input_ids,
-                attention_mask,
-                batch["completion_ids"].size(1),
-                batch_size=batch_size,
-                multimodal=batch,  # a VLM's images, sliced with their rows
-            )
-        return log_probs
-
-    def _pool_in_rank_order(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Every rank's 1-D ``values`` concatenated in rank order, and where this rank's part starts."""
-        if self.accelerator.num_processes == 1:
-            return values, 0
-        counts = self.accelerator.gather(torch.tensor([values.numel()], device=values.device)).tolist()
-        padded = self.accelerator.gather(self.accelerator.pad_across_processes(values, dim=0))
-        padded = padded.view(self.accelerator.num_processes, -1)
-        pool = torch.cat([padded[rank, :count] for rank, count in enumerate(counts)])
-        return pool, sum(counts[: self.accelerator.process_index])
-
-    @staticmethod
-    def carried_selection(batch: CompletionBatch) -> torch.Tensor:
-        """The micro-batch's part of its generation batch's selection (``"generation_batch"`` scope)."""
-        if COV_SELECTION_KEY not in batch.carried:
-            raise KeyError(
-                f"cov_selection_scope='generation_batch' but the batch has no {COV_SELECTION_KEY!r} mask: it is made "
-                "by on_generation_batch; for a hand-built batch, set it from select_over_generation_batch(batch)."
-            )
-        return batch.carried[COV_SELECTION_KEY].bool()

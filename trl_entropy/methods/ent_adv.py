@@ -12,13 +12,15 @@ everywhere in the surrogate. The cap keeps the sign: for ``A < 0``, ``A' ∈ [A,
 ``H = 0`` leave the token as it is; ``α = 0`` is plain GRPO.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Neutral, Place
 
@@ -50,6 +52,23 @@ def entropy_shaped_advantages(
     return advantages.detach() + entropy_bonus(advantages, entropy, alpha, kappa)
 
 
+class EntropyAdvantagePart(MethodPart):
+    """The shaping's seam: the token advantages."""
+
+    key = "ent_adv"
+
+    def token_advantages(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
+        alpha, kappa = self.args.ent_adv_alpha, self.args.ent_adv_kappa
+        shaped = entropy_shaped_advantages(batch.group_advantages, batch.entropy, alpha, kappa)
+        # Where the cap |A|/κ is the smaller term; tokens with A = 0 (cap 0, nothing to shape) are not counted.
+        capped = (batch.group_advantages.abs() / kappa < alpha * batch.entropy.detach()).float()
+        metrics = {
+            "ent_adv/mean_bonus": TokenMean(shaped - batch.group_advantages, batch.mask),
+            "ent_adv/capped_fraction": TokenMean(capped, batch.mask * (batch.group_advantages != 0)),
+        }
+        return shaped, metrics
+
+
 @dataclass
 class EntropyAdvantageConfig(EntropyGRPOConfig):
     r"""
@@ -63,6 +82,8 @@ class EntropyAdvantageConfig(EntropyGRPOConfig):
             Cap divisor `κ > 1`: the term never exceeds `|A_t|/κ`, so it never flips the sign of the advantage
             (paper: 2).
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (EntropyAdvantagePart,)
 
     ent_adv_alpha: float = config_field(
         0.4,
@@ -92,16 +113,6 @@ class EntropyAdvantageTrainer(EntropyGRPOTrainer):
     """
 
     config_class = EntropyAdvantageConfig
-
-    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
-        alpha, kappa = self.args.ent_adv_alpha, self.args.ent_adv_kappa
-        shaped = entropy_shaped_advantages(batch.group_advantages, batch.entropy, alpha, kappa)
-        self.log_token_mean(batch, "ent_adv/mean_bonus", shaped - batch.group_advantages)
-        # Where the cap |A|/κ is the smaller term; tokens with A = 0 (cap 0, nothing to shape) are not counted.
-        capped = (batch.group_advantages.abs() / kappa < alpha * batch.entropy.detach()).float()
-        shaped_tokens = replace(batch, mask=batch.mask * (batch.group_advantages != 0))
-        self.log_token_mean(shaped_tokens, "ent_adv/capped_fraction", capped)
-        return shaped
 
 
 SPEC = MethodSpec(

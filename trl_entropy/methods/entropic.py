@@ -19,8 +19,8 @@ over every rank's valid tokens (one all-reduce), so every rank holds the same ``
 """
 
 import math
-import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,8 +29,9 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.objectives import aggregate_loss
+from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 # The authors clip α to [−1, 1] (dp_actor.py at 2470730); no field, as there.
@@ -77,12 +78,13 @@ def entropic_term(
 
 
 class EntroPICController(Controller):
-    """EntroPIC's ``(α, I)``, moved by :func:`entropic_pi_step` at every training micro-batch by the trainer's
-    ``regulariser`` (``statistic=None``: not by the generation cycle); its state travels in checkpoints as every
-    controller's does. ``value`` is the ``α`` of the latest training micro-batch (0 before the first)."""
+    """EntroPIC's ``(α, I)``, moved by :func:`entropic_pi_step` at every training micro-batch, on its mean entropy over
+    every rank's valid tokens; its state travels in checkpoints as every controller's does. ``value`` is the ``α`` of
+    the latest training micro-batch (0 before the first)."""
 
     name = "entropic"
-    statistic = None
+    statistic = "entropy"
+    cadence = "micro_batch"
 
     def __init__(self, target: float, kp: float, ki: float, weight: float):
         self.target, self.kp, self.ki, self.weight = float(target), float(kp), float(ki), float(weight)
@@ -109,6 +111,40 @@ class EntroPICController(Controller):
         }
 
 
+class EntroPICPart(MethodPart):
+    """EntroPIC's seams: its controller (moved at every training micro-batch), and ``α`` times the term as the
+    regulariser."""
+
+    key = "entropic"
+
+    def controllers(self) -> list[Controller]:
+        args = self.args
+        weight = 1.0 / (args.steps_per_generation * self.trainer.num_iterations)  # each micro-batch's share of a cycle
+        return [EntroPICController(args.entropic_target, args.entropic_kp, args.entropic_ki, weight)]
+
+    def regulariser(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
+        """``α`` times the term; ``α`` is the controller's, moved on this micro-batch in training before the
+        regulariser. One all-reduce, which every rank makes: ``[Σ high, Σ m]``."""
+        trainer = self.trainer
+        high = high_probability_mask(batch.log_probs, batch.mask, self.args.entropic_high_prob)
+        sums = torch.stack([high.float().sum(), batch.mask.float().sum()])
+        high_tokens, tokens = trainer.accelerator.reduce(sums, reduction="sum").tolist()
+        # The token-sum types' normaliser: the high-probability tokens of this micro-batch on every rank (those of
+        # the cycle's later micro-batches are not known yet), per rank as DDP averages the gradients.
+        normaliser = torch.tensor(max(high_tokens, 1.0) / trainer.accelerator.num_processes, device=batch.mask.device)
+        term = entropic_term(
+            batch.log_probs,
+            batch.old_log_probs,
+            batch.group_advantages,
+            high,
+            trainer.loss_type,
+            trainer.max_completion_length,
+            normaliser,
+        )
+        alpha = trainer.controllers[EntroPICController.name].value
+        return alpha * term, {"entropic/high_prob_fraction": high_tokens / max(tokens, 1.0)}
+
+
 @dataclass
 class EntroPICConfig(EntropyGRPOConfig):
     r"""
@@ -120,6 +156,8 @@ class EntroPICConfig(EntropyGRPOConfig):
         entropic_ki (`float`, defaults to `0.01`): integral gain `K_i`, >= 0.
         entropic_high_prob (`float`, defaults to `0.95`): probability threshold `τ` of the term's tokens, in (0, 1).
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (EntroPICPart,)
 
     entropic_target: float = config_field(
         0.1,
@@ -150,48 +188,6 @@ class EntroPICTrainer(EntropyGRPOTrainer):
     same arguments as `trl.GRPOTrainer`; `args` must be an [`EntroPICConfig`]. Every `loss_type` works."""
 
     config_class = EntroPICConfig
-
-    def build_controllers(self) -> list[Controller]:
-        args = self.args
-        weight = 1.0 / (args.steps_per_generation * self.num_iterations)  # each micro-batch's share of a cycle
-        controller = EntroPICController(args.entropic_target, args.entropic_kp, args.entropic_ki, weight)
-        return [*super().build_controllers(), controller]
-
-    def regulariser(self, batch: CompletionBatch) -> torch.Tensor:
-        """``α`` times the term, ``α`` moved first on this micro-batch in training; evaluation uses the current ``α``
-        and moves nothing. One all-reduce, which every rank makes: ``[Σ m·H, Σ m, Σ high]``."""
-        controller = self.controllers[EntroPICController.name]
-        high = high_probability_mask(batch.log_probs, batch.mask, self.args.entropic_high_prob)
-        mask = batch.mask.float()
-        sums = torch.stack([(batch.entropy.detach().float() * mask).sum(), mask.sum(), high.float().sum()])
-        entropy_sum, tokens, high_tokens = self.accelerator.reduce(sums, reduction="sum").tolist()
-        if batch.mode == "train":
-            self.move_controller(controller, entropy_sum / tokens if tokens > 0 else math.nan)
-        self.record_metric(batch.mode, "entropic/high_prob_fraction", high_tokens / max(tokens, 1.0))
-        # The token-sum types' normaliser: the high-probability tokens of this micro-batch on every rank (those of
-        # the cycle's later micro-batches are not known yet), per rank as DDP averages the gradients.
-        normaliser = torch.tensor(max(high_tokens, 1.0) / self.accelerator.num_processes, device=batch.mask.device)
-        term = entropic_term(
-            batch.log_probs,
-            batch.old_log_probs,
-            batch.group_advantages,
-            high,
-            self.loss_type,
-            self.max_completion_length,
-            normaliser,
-        )
-        return controller.value * term
-
-    def move_controller(self, controller: EntroPICController, mean_entropy: float) -> None:
-        step = self.state.global_step + 1
-        if math.isfinite(mean_entropy):
-            controller.update(mean_entropy, step)
-        else:  # no valid token on any rank, or a non-finite entropy: hold α and I, as the base holds its controllers
-            warnings.warn(
-                f"a micro-batch of optimizer step {step}: the mean entropy over every rank's valid tokens is "
-                f"{mean_entropy}; controller {controller.name!r} keeps its value",
-                stacklevel=3,
-            )
 
 
 SPEC = MethodSpec(
@@ -225,4 +221,10 @@ SPEC = MethodSpec(
     ),
     tag="entropic",
     exports=(EntroPICController,),
+    # The toy sweep: the target below the toy policy's start (0.58 nats) and the proportional gain (the authors' 1 and
+    # a smaller one); the integral gain 0.01 and the probability threshold 0.95 are the authors'.
+    sweep=Sweep(
+        {"entropic_target": [0.3, 0.5], "entropic_kp": [0.3, 1.0]},
+        fixed={"entropic_ki": 0.01, "entropic_high_prob": 0.95},
+    ),
 )

@@ -16,14 +16,16 @@ clipped surrogate and on GPPO's); the KL term and any entropy bonus are not gate
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, warn_if_on_policy
+from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 # The authors' code adds it to both entropies, so a position deterministic under both policies has ratio 1.
@@ -57,6 +59,20 @@ def entropy_ratio_gate(per_token_loss: torch.Tensor, keep: torch.Tensor) -> torc
     return torch.where(keep, per_token_loss, per_token_loss.detach())
 
 
+class ERCPart(MethodPart):
+    """ERC's seam: a gate that stops the gradient where the entropy ratio leaves the band."""
+
+    key = "erc"
+    needs_rollout_entropy = True
+
+    def gate(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> tuple[TokenGate, Metrics]:
+        rho = entropy_ratio(batch.entropy, batch.old_entropy)
+        keep = erc_keep_mask(rho, batch.mask, self.args.erc_low, self.args.erc_high)
+        return TokenGate(stop_gradient=~keep), {"erc/kept_fraction": TokenMean(keep.float(), batch.mask)}
+
+
 @dataclass
 class ERCConfig(EntropyGRPOConfig):
     r"""
@@ -73,6 +89,8 @@ class ERCConfig(EntropyGRPOConfig):
             Upper bound `U` (exclusive); `U > 1`, `inf` allowed. 1.05 is the authors' training scripts' value; their
             config's default is 1.2. `erc_low=0`, `erc_high=inf` keeps every token (the plain surrogate).
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (ERCPart,)
 
     erc_low: float = config_field(
         0.95,
@@ -121,16 +139,6 @@ class ERCTrainer(EntropyGRPOTrainer):
     """
 
     config_class = ERCConfig
-    needs_rollout_entropy = True
-
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
-    ) -> torch.Tensor:
-        per_token_loss = super().per_token_policy_loss(batch, ratio, token_advantages)
-        rho = entropy_ratio(batch.entropy, batch.old_entropy)
-        keep = erc_keep_mask(rho, batch.mask, self.args.erc_low, self.args.erc_high)
-        self.log_token_mean(batch, "erc/kept_fraction", keep.float())
-        return entropy_ratio_gate(per_token_loss, keep)
 
 
 SPEC = MethodSpec(
@@ -158,4 +166,15 @@ SPEC = MethodSpec(
         "Ruiming Tang and Kun Gai and Guorui Zhou",
     ),
     tag="erc",
+    # The toy sweep: the entropy-ratio band, symmetric bands from a tighter one than the authors' scripts' 0.95 / 1.05
+    # to their config default 0.8 / 1.2 (a band's two ends go in pairs: these points only).
+    sweep=Sweep(
+        [
+            {"erc_low": 0.98, "erc_high": 1.02},
+            {"erc_low": 0.95, "erc_high": 1.05},
+            {"erc_low": 0.9, "erc_high": 1.1},
+            {"erc_low": 0.8, "erc_high": 1.2},
+        ],
+        fixed={"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
+    ),
 )

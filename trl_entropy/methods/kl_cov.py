@@ -9,15 +9,18 @@ batch) is the shared ``cov_selection_scope`` of ``methods/cov_selection.py``.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..core.batch import CompletionBatch
 from ..core.config import TOKEN_FRACTION, Range, config_field, warn_if_on_policy
 from ..core.objectives import PPO_CLIP_LOSS_TYPES
+from ..core.parts import Metrics, TokenMean
 from ..core.statistics import token_covariance
-from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionTrainer, selection_count
-from .spec import MethodSpec, Metric, Neutral, Place
+from ..core.trainer import EntropyGRPOTrainer
+from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 
 def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -36,6 +39,51 @@ def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> tor
     order = torch.sort(cov.flatten()[valid_index], descending=True, stable=True).indices
     selected.view(-1)[valid_index[order[:count]]] = True
     return selected
+
+
+class KLCovPart(CovSelectionPart):
+    """KL-Cov's seams: the surrogate without the PPO clip, and the penalty on the selected tokens."""
+
+    key = "kl_cov"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        warn_if_on_policy(
+            self.args,
+            "KL-Cov",
+            "ℓ^old = ℓ at every step, so the penalty |ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped "
+            "−A·r.",
+            "the penalty to act (the paper makes 8 updates per rollout batch)",
+            stacklevel=3,  # the code that builds the trainer
+        )
+
+    def select_tokens(self, cov, mask, clip_active, mode):
+        return kl_cov_selection(cov, mask, self.args.kl_cov_ratio)
+
+    def surrogate(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> tuple[torch.Tensor | None, Metrics]:
+        """The paper's surrogate, where the penalty replaces the clip: ``−A·r`` for a loss type with the PPO clip; a
+        loss type with none keeps its own."""
+        if self.trainer.loss_type in PPO_CLIP_LOSS_TYPES:
+            return -token_advantages * ratio, {}
+        return None, {}
+
+    def penalty(
+        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, Metrics]:
+        if self.args.cov_selection_scope == "micro_batch":
+            with torch.no_grad():
+                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
+                selected = self.select_tokens(cov, batch.mask, None, batch.mode)
+        else:
+            selected = self.carried_selection(batch)
+        abs_log_ratio = (batch.log_probs - batch.old_log_probs).abs()
+        metrics = {
+            "kl_cov/penalised_fraction": TokenMean(selected.float(), batch.mask),
+            "kl_cov/abs_log_ratio": TokenMean(abs_log_ratio, batch.mask),
+        }
+        return self.args.kl_cov_coef * abs_log_ratio * selected, metrics
 
 
 @dataclass
@@ -57,6 +105,8 @@ class KLCovConfig(CovSelectionConfig):
         cov_selection_scope (`str`, *optional*, defaults to `"micro_batch"`):
             See [`CovSelectionConfig`].
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (KLCovPart,)
 
     kl_cov_ratio: float = config_field(
         2e-3,
@@ -81,44 +131,11 @@ class KLCovConfig(CovSelectionConfig):
             )
 
 
-class KLCovTrainer(CovSelectionTrainer):
+class KLCovTrainer(EntropyGRPOTrainer):
     """GRPO with KL-Cov (Cui et al., arXiv:2505.22617, §4.2): no ratio clip; a KL penalty on the top-covariance
-    tokens. Warns once, at construction, when training is fully on-policy (the penalty is then identically 0)."""
+    tokens."""
 
     config_class = KLCovConfig
-
-    def __init__(self, *positional, **keyword):
-        super().__init__(*positional, **keyword)
-        warn_if_on_policy(
-            self.args,
-            "KL-Cov",
-            "ℓ^old = ℓ at every step, so the penalty |ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped "
-            "−A·r.",
-            "the penalty to act (the paper makes 8 updates per rollout batch)",
-            stacklevel=2,
-        )
-
-    def select_tokens(self, cov, mask, clip_active, mode):
-        return kl_cov_selection(cov, mask, self.args.kl_cov_ratio)
-
-    def per_token_policy_loss(
-        self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor
-    ) -> torch.Tensor:
-        if self.args.cov_selection_scope == "micro_batch":
-            with torch.no_grad():
-                cov = token_covariance(batch.log_probs, token_advantages, batch.mask)
-                selected = self.select_tokens(cov, batch.mask, None, batch.mode)
-        else:
-            selected = self.carried_selection(batch)
-        penalty = (batch.log_probs - batch.old_log_probs).abs()
-        if self.loss_type in PPO_CLIP_LOSS_TYPES:  # the paper's surrogate: the penalty replaces the clip
-            surrogate = -token_advantages * ratio
-        else:  # a loss type with no PPO clip keeps its own surrogate
-            surrogate = super().per_token_policy_loss(batch, ratio, token_advantages)
-        per_token_loss = surrogate + self.args.kl_cov_coef * penalty * selected
-        self.log_token_mean(batch, "kl_cov/penalised_fraction", selected.float())
-        self.log_token_mean(batch, "kl_cov/abs_log_ratio", penalty)
-        return per_token_loss
 
 
 SPEC = MethodSpec(
@@ -143,4 +160,6 @@ SPEC = MethodSpec(
     name="KL-Cov",
     paper=COV_PAPER,
     tag="kl-cov",
+    # The toy sweep: the fraction of the tokens penalised, and the penalty's coefficient (its default 1, and ten).
+    sweep=Sweep({"kl_cov_ratio": [0.02, 0.1, 0.3], "kl_cov_coef": [1.0, 10.0]}),
 )

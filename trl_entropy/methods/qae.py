@@ -18,11 +18,13 @@ Provenance (the paper, the authors' code and how each part was confirmed): docs/
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Place
 
@@ -66,6 +68,16 @@ def qae_gate_metrics(grouped_rewards: torch.Tensor, baseline: torch.Tensor) -> d
     }
 
 
+class QAEPart(MethodPart):
+    """QAE's seam: the group baseline."""
+
+    key = "qae"
+
+    def group_baseline(self, grouped_rewards: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
+        baseline = quantile_baseline(grouped_rewards, self.args.qae_quantile_k)
+        return baseline, qae_gate_metrics(grouped_rewards, baseline)
+
+
 @dataclass
 class QAEConfig(EntropyGRPOConfig):
     r"""
@@ -77,6 +89,8 @@ class QAEConfig(EntropyGRPOConfig):
             training scripts (Qwen3-8B/14B-Base with DAPO). Smaller `K` lowers the baseline: more groups are "hard"
             (only successes reinforced); larger `K` raises it: more groups are "easy" (only failures penalised).
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (QAEPart,)
 
     qae_quantile_k: float = config_field(
         0.4,
@@ -105,14 +119,6 @@ class QAETrainer(EntropyGRPOTrainer):
     """
 
     config_class = QAEConfig
-
-    def group_baseline(self, grouped_rewards: torch.Tensor) -> torch.Tensor:
-        baseline = quantile_baseline(grouped_rewards, self.args.qae_quantile_k)
-        mode = "train" if self.model.training else "eval"
-        # Every rank sees the same gathered rewards, so every rank logs the same values.
-        for name, value in qae_gate_metrics(grouped_rewards, baseline).items():
-            self.record_metric(mode, name, value)
-        return baseline
 
 
 SPEC = MethodSpec(

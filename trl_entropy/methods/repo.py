@@ -18,6 +18,7 @@ halved otherwise, flipped to ``±β_min`` when halving takes it below ``β_min``
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,8 +26,9 @@ from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import ENTROPY_TARGET, EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller, EntropyTargetController, entropy_direction
+from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place, Variant
+from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
 
 
 REPO_VARIANTS = ("R", "D")
@@ -115,31 +117,44 @@ class REPOController(EntropyTargetController):
         return repo_controller_step(value, mean_entropy, target, self.beta_min, self.beta_max)
 
 
+class REPOPart(MethodPart):
+    """REPO's seams: its controller, and the token advantages."""
+
+    key = "repo"
+
+    def controllers(self) -> list[Controller]:
+        args = self.args
+        return [REPOController(args.repo_beta, args.repo_beta_min, args.repo_beta_max, args.repo_entropy_target)]
+
+    def token_advantages(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
+        args = self.args
+        advantages = repo_advantages(
+            batch.group_advantages,
+            batch.log_probs,  # ℓ^s: this forward pass's log-prob, detached inside
+            batch.entropy if args.repo_centering == "entropy" else None,
+            self.trainer.controllers[REPOController.name].value,
+            args.repo_variant,
+            args.repo_centering,
+            args.repo_keep_advantage_sign,
+        )
+        return advantages, {}
+
+
 @dataclass
 class REPOConfig(EntropyGRPOConfig):
     r"""
     Configuration for [`REPOTrainer`]: [`EntropyGRPOConfig`] plus REPO's per-token advantage and its β controller.
 
-    Parameters:
-        repo_variant (`str`, *optional*, defaults to `"R"`):
-            `"R"` (REPO-R, rescale: `ζ_t = |A_t|(ℓ^s_t − c_t)`) or `"D"` (REPO-D, decorrelate: `ζ_t = ℓ^s_t − c_t`,
-            an entropy bonus estimated by REINFORCE). The paper's experiments use REPO-R.
-        repo_centering (`str`, *optional*, defaults to `"none"`):
-            `"none"` (`c_t = 0`, the paper's practical choice) or `"entropy"` (`c_t = −H_t`, the exact per-state
-            centring).
-        repo_beta (`float`, *optional*, defaults to `0.0`):
-            Initial β (paper: β_0 = 0; the first update sets it to `±repo_beta_min`).
-        repo_beta_min (`float`, *optional*, defaults to `1e-4`):
-            Smallest |β| the controller keeps: halving below it flips β to `±repo_beta_min` in the wanted direction.
-            The paper's value for REPO-R; for REPO-D the same value is ours.
-        repo_beta_max (`float`, *optional*, defaults to `0.05`):
-            Largest |β|. The paper's value for REPO-R; for REPO-D the same value is ours.
-        repo_entropy_target (`float` or `None`, *optional*, defaults to `None`):
-            Target mean full entropy H* (nats per token). `None` measures it on the first generation cycle (paper).
-        repo_keep_advantage_sign (`bool`, *optional*, defaults to `True`):
-            REPO-R only: clamp the factor `1 − β·sign(A_t)(ℓ^s_t − c_t)` at 0 so the rescaled advantage keeps the
-            sign of `A_t` (the public re-implementation of the paper's App. D.2). `False` leaves it unclamped.
+    Parameters (each field's `help` says more):
+        repo_variant (`str`, defaults to `"R"`): `"R"` (REPO-R, rescale) or `"D"` (REPO-D, decorrelate).
+        repo_centering (`str`, defaults to `"none"`): `c_t = 0` (`"none"`, the paper's) or `c_t = −H_t` (`"entropy"`).
+        repo_beta, repo_beta_min, repo_beta_max (`float`, default to `0.0`, `1e-4`, `0.05`): initial β, smallest and
+            largest |β| (the paper's REPO-R values; for REPO-D the same values are ours).
+        repo_entropy_target (`float` or `None`, defaults to `None`): H*; `None` measures it on the first cycle.
+        repo_keep_advantage_sign (`bool`, defaults to `True`): REPO-R's rescaled advantage keeps the sign of `A_t`.
     """
+
+    method_parts: ClassVar[tuple[type, ...]] = (REPOPart,)
 
     repo_variant: str = config_field(
         "R",
@@ -207,23 +222,6 @@ class REPOTrainer(EntropyGRPOTrainer):
 
     config_class = REPOConfig
 
-    def build_controllers(self) -> list[Controller]:
-        args = self.args
-        controller = REPOController(args.repo_beta, args.repo_beta_min, args.repo_beta_max, args.repo_entropy_target)
-        return [*super().build_controllers(), controller]
-
-    def per_token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
-        args = self.args
-        return repo_advantages(
-            batch.group_advantages,
-            batch.log_probs,  # ℓ^s: this forward pass's log-prob, detached inside
-            batch.entropy if args.repo_centering == "entropy" else None,
-            self.controllers["repo"].value,
-            args.repo_variant,
-            args.repo_centering,
-            args.repo_keep_advantage_sign,
-        )
-
 
 SPEC = MethodSpec(
     key="repo",
@@ -245,4 +243,6 @@ SPEC = MethodSpec(
     ),
     tag="repo",
     exports=(REPOController,),
+    # The toy sweep, REPO-R's and REPO-D's alike: the top of β's box, from its default 0.05 up.
+    sweep=Sweep({"repo_beta_max": [0.05, 0.2, 0.5]}),
 )

@@ -4,6 +4,7 @@ The registry (``methods/__init__.py``) is built from these declarations, and eve
 the public names, the command line's ``--method``, the report's panels, the model cards and the tests' tables.
 """
 
+import itertools
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -11,15 +12,16 @@ from ..core.citation import Paper
 
 
 class Place(str, Enum):
-    """Where in the loss step a method acts (the trainer's hook it fills)."""
+    """Where in the loss step a method acts: each place is one seam of ``core.parts.MethodPart``, which the method's
+    part fills (``tests/unit/test_layout.py`` checks that a part fills exactly the seams of its places)."""
 
-    GROUP_BASELINE = "group_baseline"  # the baseline of each prompt group's rewards
-    ADVANTAGES = "advantages"  # the advantages the surrogate uses, per sequence or per token
-    SURROGATE = "surrogate"  # the per-token policy loss
-    GATES = "gates"  # stop-gradient gates that zero some tokens' policy loss
-    KL = "kl"  # a KL-like penalty added to the per-token loss
-    REGULARISER = "regulariser"  # a scalar added to each micro-batch's loss
-    CLIP_RANGE = "clip_range"  # the PPO clip's (ε_low, ε_high)
+    GROUP_BASELINE = "group_baseline"  # group_baseline: the baseline of each prompt group's rewards
+    ADVANTAGES = "advantages"  # token_advantages: the advantages the surrogate uses, per sequence or per token
+    SURROGATE = "surrogate"  # surrogate: the per-token policy loss
+    GATES = "gates"  # gate: what a token keeps of its policy loss and its gradient
+    KL = "kl"  # penalty: a KL-like penalty added to the per-token loss
+    REGULARISER = "regulariser"  # regulariser: a scalar added to each micro-batch's loss
+    CLIP_RANGE = "clip_range"  # clip_range: the PPO clip's (ε_low, ε_high)
 
 
 @dataclass(frozen=True)
@@ -50,16 +52,40 @@ class Neutral:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """The values ``examples/toy_sweep.py`` tries for the method on the toy task (docs/demo.md), each point one run.
+
+    ``grid``: {config field: values}, every combination (the last field varying fastest), or [{config field: value},
+    ...], these points only, in this order (for fields that go in pairs, such as a band's two ends). ``fixed``: the
+    settings every point shares, the rest of the method's ``examples/configs`` YAML but ``num_iterations`` (the demo's
+    recipe already trains every run with ``num_iterations=2``)."""
+
+    grid: dict[str, list] | list[dict]
+    fixed: dict = field(default_factory=dict)
+
+    def points(self) -> list[dict]:
+        """The config values of every run, in the order they run."""
+        if isinstance(self.grid, dict):
+            return [dict(zip(self.grid, values, strict=True)) for values in itertools.product(*self.grid.values())]
+        return [dict(point) for point in self.grid]
+
+    def fields(self) -> list[str]:
+        """The config fields the sweep sets: those it varies, then those it fixes."""
+        return list(dict.fromkeys(key for point in [*self.points(), self.fixed] for key in point))
+
+
+@dataclass(frozen=True)
 class Variant:
     """One name of a method in the registry: what ``--method`` lists, and the config settings it stands for.
 
     ``metrics``: the keys of the method's metrics this name logs (None: all of them). ``neutral``: this name's neutral
-    settings where they differ from the method's."""
+    settings where they differ from the method's. ``sweep``: this name's toy sweep (None: the method's)."""
 
     description: str
     defaults: dict = field(default_factory=dict)
     metrics: tuple[str, ...] | None = None
     neutral: Neutral | None = None
+    sweep: Sweep | None = None
 
 
 @dataclass(frozen=True)
@@ -71,10 +97,11 @@ class MethodSpec:
     ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
     ``metrics``: what any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
-    ``moves_per_micro_batch``: its controller moves at every training micro-batch, in the method's own hook (a
-    controller with ``statistic=None``), not once per generation cycle, so its trajectory depends on how the cycle is
+    ``moves_per_micro_batch``: its controller moves at every training micro-batch (a controller of cadence
+    ``"micro_batch"``), not once per generation cycle, so its trajectory depends on how the cycle is
     cut into micro-batches. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
     selects by where it binds); ``replaces_ppo_clip``: its surrogate has no PPO clip. The two never combine.
+    ``sweep``: the values ``examples/toy_sweep.py`` tries on the toy task (None: the method is not swept).
     """
 
     key: str
@@ -94,6 +121,7 @@ class MethodSpec:
     paper: Paper | None = None
     tag: str | None = None
     exports: tuple[type, ...] = ()
+    sweep: Sweep | None = None
 
     def entries(self) -> dict[str, "MethodSpec"]:
         """The registry's entries for this method: one per variant (its description and defaults), or itself."""
@@ -114,6 +142,7 @@ class MethodSpec:
             defaults=variant.defaults,
             metrics=metrics,
             neutral=variant.neutral or self.neutral,
+            sweep=variant.sweep or self.sweep,
             variants={},
         )
 

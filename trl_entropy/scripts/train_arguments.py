@@ -142,7 +142,8 @@ class TrainParser(TrlParser):
             metavar="FILE.yaml",
             default=argparse.SUPPRESS,
             help="YAML file of option values (any flag below, without the dashes; `method:` included). The command "
-            "line wins over the file. examples/configs/ has one per method.",
+            "line wins over the file. examples/configs/ (a link to the package's trl_entropy/demo/configs/) has one "
+            "per method.",
         )
         optional_bools = {
             item.name for dtype in self.dataclass_types for item in fields(dtype) if item.type == bool | None
