@@ -8,9 +8,9 @@ ROOT = Path(__file__).parent
 
 
 def read_trl_requirement() -> str:
-    """The supported TRL range, written once in trl_entropy/_compat.py (which checks it again at import), read from
-    the file's text: setup.py runs before the dependencies are installed, so it cannot import the package."""
-    path = ROOT / "trl_entropy" / "_compat.py"
+    """The supported TRL range, written once in trl_entropy/core/trl/pin.py (which checks it again at import), read
+    from the file's text: setup.py runs before the dependencies are installed, so it cannot import the package."""
+    path = ROOT / "trl_entropy" / "core" / "trl" / "pin.py"
     for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
         names = [target.id for target in getattr(node, "targets", []) if isinstance(target, ast.Name)]
         if isinstance(node, ast.Assign) and names == ["TRL_REQUIREMENT"]:

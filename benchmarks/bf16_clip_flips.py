@@ -24,9 +24,10 @@ cast FSDP2 applies to a bf16 model's outputs by default, App. B.1). In two setup
   log-probs; in fp32 that ratio is exactly 1).
 
 For every clipped loss type of TRL 1.16 (``PPO_CLIP_LOSS_TYPES``) with its importance-sampling level and clip range
-(``SETTINGS``), the table counts the valid tokens whose clip decision (``trl_entropy.core.surrogates.ppo_clip_active``)
-the variant changes, into the clip and out of it, the share of the loss type's token weight they carry, and the
-ratio's bias: the mean of ``r / r_fp32 - 1`` over the valid tokens and the mean and spread of ``log(r / r_fp32)``.
+(``SETTINGS``), the table counts the valid tokens whose clip decision
+(``trl_entropy.core.trl.surrogates.ppo_clip_active``) the variant changes, into the clip and out of it, the share of
+the loss type's token weight they carry, and the ratio's bias: the mean of ``r / r_fp32 - 1`` over the valid tokens
+and the mean and spread of ``log(r / r_fp32)``.
 
 It needs a second scoring pass of the whole model per policy, so it is a separate command, not a training metric.
 
@@ -44,8 +45,8 @@ from dataclasses import dataclass
 import torch
 from chat_batches import load_policy, sample_chat_batch, score_fp32
 
-from trl_entropy.core.objectives import aggregate_loss
-from trl_entropy.core.surrogates import importance_ratio, ppo_clip_active
+from trl_entropy.core.trl.objectives import aggregate_loss
+from trl_entropy.core.trl.surrogates import importance_ratio, ppo_clip_active
 
 
 @dataclass(frozen=True)

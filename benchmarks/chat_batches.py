@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_entropy.core.advantages import advantages_around_baseline
+from trl_entropy.core.trl.advantages import advantages_around_baseline
 from trl_entropy.kernels import chunked_logprob_entropy
 from trl_entropy.rewards import stated_answer_reward
 from trl_entropy.toy import build_chat_arithmetic_dataset

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="a checkpoint preset with the smallest batch")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    from trl_entropy.upstream_noise import hide_known_upstream_noise
+    from trl_entropy.core.trl.noise import hide_known_upstream_noise
 
     hide_known_upstream_noise()  # a program: TRL's deprecation notices on every config would bury the table
 

@@ -6,7 +6,7 @@ the toy task) start without importing TRL's trainers; the TRL version is checked
 
 import importlib
 
-from ._compat import check_trl_version
+from .core.trl.pin import check_trl_version
 
 
 check_trl_version()  # the only thing the import does besides defining names: no warning or logging filter changes

@@ -19,7 +19,7 @@ from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
 from transformers import AutoModelForCausalLM
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
-from trl_entropy.core.objectives import LOSS_TYPES
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import METHODS, combination
 from trl_entropy.methods.compose import controls_entropy
 

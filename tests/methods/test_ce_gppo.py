@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.core.batch import CompletionBatch
-from trl_entropy.core.objectives import PPO_CLIP_LOSS_TYPES
+from trl_entropy.core.trl.objectives import PPO_CLIP_LOSS_TYPES
 from trl_entropy.methods.ce_gppo import CEGPPOConfig, CEGPPOTrainer, ce_gppo_branches, ce_gppo_surrogate
 
 

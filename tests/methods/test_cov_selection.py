@@ -31,7 +31,7 @@ from _support.distributed_run import make_trainer, ranked_reward
 from _support.rounding import Bound, check, record
 
 from trl_entropy.core.statistics import covariance_moments, pooled_covariance
-from trl_entropy.core.surrogates import ppo_clip_active
+from trl_entropy.core.trl.surrogates import ppo_clip_active
 from trl_entropy.methods.clip_cov import (
     CLIP_COV_GENERATOR_FILE,
     ClipCovConfig,

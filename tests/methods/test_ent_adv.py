@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.core.batch import CompletionBatch
-from trl_entropy.core.objectives import LOSS_TYPES
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.ent_adv import (
     EntropyAdvantageConfig,
     EntropyAdvantageTrainer,

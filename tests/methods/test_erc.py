@@ -40,7 +40,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
-from trl_entropy.core.objectives import LOSS_TYPES
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import METHODS
 from trl_entropy.methods.erc import ERCConfig, ERCTrainer, entropy_ratio, entropy_ratio_gate, erc_keep_mask
 from trl_entropy.toy import build_toy_dataset

@@ -15,8 +15,8 @@ from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, to
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer, QAEConfig, QAETrainer
-from trl_entropy.core.advantages import advantages_around_baseline
 from trl_entropy.core.parts import MethodPart
+from trl_entropy.core.trl.advantages import advantages_around_baseline
 from trl_entropy.methods.qae import qae_gate_metrics, quantile_baseline
 from trl_entropy.toy import build_toy_dataset
 

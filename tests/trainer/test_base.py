@@ -26,10 +26,10 @@ from _support.grpo import (
 )
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
-from trl_entropy._compat import check_trl_version
 from trl_entropy.core.head import install_entropy_head
 from trl_entropy.core.parts import MethodPart
 from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
+from trl_entropy.core.trl.pin import check_trl_version
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.toy import build_toy_dataset, build_toy_model
 
@@ -376,11 +376,11 @@ def test_wheel_installs_kernels_inside_the_package(wheel):
 
 def test_wheel_ships_the_demo_configs_and_requires_the_trl_range_the_import_checks(wheel):
     """The demo's per-run YAML configs are package data, every one of them, so an installed package runs the demo as
-    a clone does; the wheel's metadata requires TRL in the range `trl_entropy._compat` checks at import (setup.py
+    a clone does; the wheel's metadata requires TRL in the range `trl_entropy.core.trl.pin` checks at import (setup.py
     reads it from there: tests/unit/test_trl_pin.py)."""
     from packaging.requirements import Requirement
 
-    from trl_entropy._compat import TRL_REQUIREMENT
+    from trl_entropy.core.trl.pin import TRL_REQUIREMENT
     from trl_entropy.demo.models import CONFIGS_DIR
 
     folder = "trl_entropy/demo/configs/"

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
-from trl_entropy.core.objectives import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
+from trl_entropy.core.trl.objectives import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 from trl_entropy.methods import METHODS, SPECS
 from trl_entropy.toy import build_toy_model, toy_reward
 

@@ -24,7 +24,7 @@ from _support.parity import assert_same_step, build_pair
 from _support.resume import step_values
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
-from trl_entropy.core.objectives import LOSS_TYPES
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import METHODS
 from trl_entropy.rewards import stated_answer_reward
 from trl_entropy.toy import build_chat_arithmetic_dataset

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_entropy.core.trl.noise import hide_known_upstream_noise
 from trl_entropy.methods import METHODS, get_method
-from trl_entropy.upstream_noise import hide_known_upstream_noise
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""The guards against TRL drift (trl_entropy/core/drift.py): a later TRL that renames, re-signs or stops calling a
-private name that core/trl_bridge.py uses must fail loudly, naming the TRL version and the name; TRL 1.16 passes every
+"""The guards against TRL drift (trl_entropy/core/trl/drift.py): a later TRL that renames, re-signs or stops calling a
+private name that core/trl/bridge.py uses must fail loudly, naming the TRL version and the name; TRL 1.16 passes every
 guard. One case per name of the guard's table, a check that the table is exactly what the bridge uses, and the check of
 the pass whose entropy is the rollout policy's."""
 
@@ -13,7 +13,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.batch import OLD_ENTROPY_KEY
-from trl_entropy.core.drift import (
+from trl_entropy.core.trl.bridge import TRLBridge, grpo_citation
+from trl_entropy.core.trl.drift import (
     INSTANCE_ATTRIBUTES,
     OVERRIDES,
     PASS_AT_K_NAMES,
@@ -21,7 +22,6 @@ from trl_entropy.core.drift import (
     check_class,
     check_trainer,
 )
-from trl_entropy.core.trl_bridge import TRLBridge, grpo_citation
 from trl_entropy.evaluation import count_correct
 from trl_entropy.toy import build_toy_dataset
 
@@ -97,7 +97,7 @@ def test_every_private_name_trl_renamed_fails_loudly_naming_it(name, monkeypatch
             check_class(EntropyGRPOTrainer, TRLBridge) if private.checked == "construction" else grpo_citation()
         assert f"GRPOTrainer no longer has the {private.kind} {name}," in str(error.value)
     assert_loud(error, name)
-    assert "trl_entropy/core/trl_bridge.py" in str(error.value)
+    assert "trl_entropy/core/trl/bridge.py" in str(error.value)
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -119,7 +119,7 @@ def test_a_method_whose_parameters_changed_fails_at_construction(name, monkeypat
         check_class(EntropyGRPOTrainer, TRLBridge)
 
 
-# The parameters core/trl_bridge.py calls or overrides each of TRL's private methods with (TRL 1.16), stated here, not
+# The parameters core/trl/bridge.py calls or overrides each of TRL's private methods with (TRL 1.16), stated here, not
 # read from the guard's table: a table trimmed to fewer parameters would guard less, and a test reading it would pass.
 BRIDGE_PARAMETERS = {
     "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
@@ -248,7 +248,7 @@ def test_a_loss_computed_around_ours_fails_the_first_step(toy_model_path, toy_to
 
 
 def test_the_guard_lists_exactly_the_private_names_the_bridge_uses():
-    """The guard's table is the set of TRL's and Trainer's private names core/trl_bridge.py touches (read from its
+    """The guard's table is the set of TRL's and Trainer's private names core/trl/bridge.py touches (read from its
     source), so a new private use cannot slip past the guard; its overrides are the names the table says it
     overrides. tests/unit/test_layout.py checks that no other file touches any."""
     from test_layout import TRL_BRIDGE, tree, trl_private_uses
@@ -313,5 +313,5 @@ def test_rollout_log_probs_from_another_path_fail_loudly(drop, toy_model_path, t
     problem = "without old_per_token_logps where TRL's rule" if drop else "did not come from _get_per_token_logps"
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: .*{problem}") as error:
         trainer.train()
-    assert "trl_entropy/core/trl_bridge.py" in str(error.value)
+    assert "trl_entropy/core/trl/bridge.py" in str(error.value)
     assert trainer.state.global_step == 0  # before the first update

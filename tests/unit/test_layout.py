@@ -1,5 +1,5 @@
 """The layout's rules, read from the source so that they hold after every change: one file per method, each reading
-math → controller → part → config → trainer; only core/trl_bridge.py touches TRL's or Trainer's private names (methods
+math → controller → part → config → trainer; only core/trl/bridge.py touches TRL's or Trainer's private names (methods
 never do); no method imports another; no import circles; files stay within their size budget, but for the exceptions
 named with their reason in one place; nothing cites a file outside the repository."""
 
@@ -22,7 +22,7 @@ from trl_entropy.methods import METHODS, SPECS, Place
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "trl_entropy"
 PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
-TRL_BRIDGE = PACKAGE / "core" / "trl_bridge.py"
+TRL_BRIDGE = PACKAGE / "core" / "trl" / "bridge.py"
 METHODS_DIR = ROOT / "trl_entropy" / "methods"
 # Every file of the methods package but the registry, the declarations' vocabulary (spec.py) and the combination of
 # methods (compose.py).
@@ -98,7 +98,7 @@ def test_methods_touch_no_private_name_of_trl_or_trainer(path):
 
 
 def test_only_the_trl_bridge_touches_private_names_of_trl_or_trainer():
-    """core/trl_bridge.py is the one owner of TRL's and Trainer's private names (core/drift.py guards them)."""
+    """core/trl/bridge.py is the one owner of TRL's and Trainer's private names (core/trl/drift.py guards them)."""
     uses = {
         path.relative_to(PACKAGE).as_posix(): trl_private_uses(tree(path))
         for path in PACKAGE_FILES
@@ -239,8 +239,8 @@ def test_import_cycles_are_found():
     typed = ast.parse("if TYPE_CHECKING:\n    import a\nelse:\n    import b\nimport c\n")
     assert {node.names[0].name for node in runtime_nodes(typed) if isinstance(node, ast.Import)} == {"b", "c"}
     graph = import_graph()
-    assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.core.trainer"]
-    assert "trl_entropy.core.trl_bridge" in graph["trl_entropy.evaluation.passk"]
+    assert "trl_entropy.core.trl.bridge" in graph["trl_entropy.core.trainer"]
+    assert "trl_entropy.core.trl.bridge" in graph["trl_entropy.evaluation.passk"]
     assert "trl_entropy.evaluation.entropy_law" in graph["trl_entropy.report"]  # a function-level import
 
 

@@ -1,5 +1,5 @@
-"""The supported TRL range is written once, `trl_entropy._compat.TRL_REQUIREMENT`: setup.py's install requirement is
-that string, read without importing the package, the import-time check compares with its bounds, and the docs state
+"""The supported TRL range is written once, `trl_entropy.core.trl.pin.TRL_REQUIREMENT`: setup.py's install requirement
+is that string, read without importing the package, the import-time check compares with its bounds, and the docs state
 the same range. (The built wheel's metadata: tests/trainer/test_base.py.)"""
 
 import re
@@ -12,7 +12,7 @@ import setuptools
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from trl_entropy._compat import TRL_MAX_EXCLUSIVE, TRL_MIN, TRL_REQUIREMENT, check_trl_version
+from trl_entropy.core.trl.pin import TRL_MAX_EXCLUSIVE, TRL_MIN, TRL_REQUIREMENT, check_trl_version
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def setup_keywords(monkeypatch) -> dict:
     the package nor TRL may be imported: pip runs it before the dependencies are installed."""
     keywords = {}
     monkeypatch.setattr(setuptools, "setup", lambda **given: keywords.update(given))
-    for name in ("trl_entropy", "trl_entropy._compat", "trl"):
+    for name in ("trl_entropy", "trl_entropy.core.trl.pin", "trl"):
         monkeypatch.setitem(sys.modules, name, None)  # an import of these raises ImportError
     monkeypatch.chdir(ROOT)
     runpy.run_path(str(ROOT / "setup.py"), run_name="__main__")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_entropy.upstream_noise import KNOWN_UPSTREAM_LOG, hide_known_upstream_noise, is_not_known_upstream_log
+from trl_entropy.core.trl.noise import KNOWN_UPSTREAM_LOG, hide_known_upstream_noise, is_not_known_upstream_log
 
 
 PACKAGE = Path(__file__).resolve().parents[2] / "trl_entropy"
@@ -30,7 +30,7 @@ logging.getLogger("DeepSpeed").addFilter(lambda record: logged.append(record.get
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.toy import build_toy_dataset, build_toy_model, build_toy_tokenizer, toy_reward
-from trl_entropy.upstream_noise import hide_known_upstream_noise
+from trl_entropy.core.trl.noise import hide_known_upstream_noise
 
 hide_known_upstream_noise()
 
@@ -152,7 +152,7 @@ before = state()
 import trl_entropy
 import trl_entropy.methods
 import trl_entropy.core.checkpoint
-import trl_entropy.upstream_noise
+import trl_entropy.core.trl.noise
 trl_entropy.EntropyGRPOTrainer
 after = state()
 assert after[0] == before[0], [entry for entry in after[0] if entry not in before[0]]

@@ -34,8 +34,8 @@ from accelerate.utils import send_to_device
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..upstream_noise import MISSING_KEYS_LOGGER, MISSING_KEYS_REPORT
 from .control import EntropyControlState
+from .trl.noise import MISSING_KEYS_LOGGER, MISSING_KEYS_REPORT
 
 
 # The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.

@@ -1,9 +1,9 @@
 """What a pushed model's card says about how it was trained: each trainer names its method and cites its paper next to
-GRPO's (``core/trl_bridge.py`` writes them where TRL's card reads them)."""
+GRPO's (``core/trl/bridge.py`` writes them where TRL's card reads them)."""
 
 from dataclasses import dataclass
 
-from .trl_bridge import grpo_citation, set_model_card
+from .trl.bridge import grpo_citation, set_model_card
 
 
 @dataclass(frozen=True)

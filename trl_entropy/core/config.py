@@ -10,7 +10,7 @@ from transformers.utils import logging
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from .objectives import LOSS_TYPES
+from .trl.objectives import LOSS_TYPES
 
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")

@@ -1,5 +1,5 @@
 """``EntropyGRPOTrainer``: GRPO's loss step, owned here, with the methods of its config as parts. It stands on
-``core/trl_bridge.py``'s ``TRLBridge``, the one place that touches the private methods and attributes of
+``core/trl/bridge.py``'s ``TRLBridge``, the one place that touches the private methods and attributes of
 ``trl.GRPOTrainer`` and ``transformers.Trainer``; this module uses only the names the bridge offers.
 
 A method is data here: its config names its parts (``method_parts``, ``core/parts.py``), one per method, in the order
@@ -21,7 +21,6 @@ from typing import ClassVar
 import torch
 from accelerate.utils import is_peft_model
 
-from .advantages import advantages_around_baseline, summed_rewards
 from .batch import CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .citation import sign_combined_model_card
@@ -36,11 +35,13 @@ from .head import (
     unsupported_head_reason,
     unsupported_head_reason_at,
 )
-from .objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
 from .parts import MethodPart, Metrics, TokenGate, TokenMean
-from .statistics import global_token_mean, loss_step_metrics
-from .surrogates import importance_ratio, policy_surrogate, vespo_weights
-from .trl_bridge import TRLBridge
+from .statistics import global_token_mean
+from .trl.advantages import advantages_around_baseline, summed_rewards
+from .trl.bridge import TRLBridge
+from .trl.metrics import loss_step_metrics
+from .trl.objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
+from .trl.surrogates import importance_ratio, policy_surrogate, vespo_weights
 
 
 class EntropyGRPOTrainer(TRLBridge):
@@ -262,8 +263,9 @@ class EntropyGRPOTrainer(TRLBridge):
         return self.loss_type_surrogate(batch, ratio, token_advantages)
 
     def loss_type_surrogate(self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor):
-        """Per-token surrogate of ``loss_type`` (``core/surrogates.py``): ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
-        with TRL's two-sided ``delta`` clip for the clipped losses; CISPO's, SAPO's or VESPO's otherwise."""
+        """Per-token surrogate of ``loss_type`` (``core/trl/surrogates.py``):
+        ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)`` with TRL's two-sided ``delta`` clip for the clipped losses;
+        CISPO's, SAPO's or VESPO's otherwise."""
         phi = None
         if self.loss_type == "vespo":
             ratios = batch.importance_sampling_ratio

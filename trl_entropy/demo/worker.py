@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from trl_entropy.upstream_noise import hide_known_upstream_noise
+from trl_entropy.core.trl.noise import hide_known_upstream_noise
 
 from .jobs import Job, run_job
 

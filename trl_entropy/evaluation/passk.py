@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback
 
-from ..core.drift import PASS_AT_K_NAMES, check_trainer
-from ..core.trl_bridge import discard_reward_logs, generate_and_score
+from ..core.trl.bridge import discard_reward_logs, generate_and_score
+from ..core.trl.drift import PASS_AT_K_NAMES, check_trainer
 from .counts import as_count
 
 

@@ -24,9 +24,9 @@ from ..core.config import (
     warn_if_on_policy,
 )
 from ..core.control import Controller, EntropyTargetController, entropy_direction
-from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.parts import MethodPart
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
 from .spec import MethodSpec, Metric, Neutral, Place
 
 

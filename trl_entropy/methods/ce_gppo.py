@@ -23,9 +23,9 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
-from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 

@@ -21,8 +21,8 @@ from ..core.checkpoint import load_rank_file, rank_file
 from ..core.config import TOKEN_FRACTION, Range, config_field
 from ..core.parts import Metrics, TokenGate, TokenMean
 from ..core.statistics import token_covariance
-from ..core.surrogates import surrogate_flat
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.surrogates import surrogate_flat
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 

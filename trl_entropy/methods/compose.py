@@ -12,8 +12,8 @@ config. docs/composing.md.
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 from ..core.config import FIELD_RULES, EntropyGRPOConfig, refuse_loss_type
-from ..core.objectives import LOSS_TYPES
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.objectives import LOSS_TYPES
 from .spec import MethodSpec, Neutral, Place
 
 

@@ -28,9 +28,9 @@ from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
-from ..core.objectives import aggregate_loss
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.objectives import aggregate_loss
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 
 

@@ -15,10 +15,10 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.config import TOKEN_FRACTION, Range, config_field, warn_if_on_policy
-from ..core.objectives import PPO_CLIP_LOSS_TYPES
 from ..core.parts import Metrics, TokenMean
 from ..core.statistics import token_covariance
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep
 

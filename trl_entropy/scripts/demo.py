@@ -20,10 +20,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit(2)
     from trl import TrlParser
 
+    from trl_entropy.core.trl.noise import hide_known_upstream_noise
     from trl_entropy.demo.arguments import DemoArguments
     from trl_entropy.demo.run import run_demo, write_outputs
     from trl_entropy.demo.worker import serve_jobs
-    from trl_entropy.upstream_noise import hide_known_upstream_noise
 
     hide_known_upstream_noise()
     parser = TrlParser((DemoArguments,), prog=prog)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from trl import get_peft_config, get_quantization_config
 
+from trl_entropy.core.trl.noise import hide_known_upstream_noise
 from trl_entropy.methods import get_method
 from trl_entropy.scripts.train_arguments import parse_arguments
 from trl_entropy.toy import toy_training_set
-from trl_entropy.upstream_noise import hide_known_upstream_noise
 
 
 INSTRUCTION = " Give the final answer as \\boxed{answer}."

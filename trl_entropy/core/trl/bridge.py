@@ -1,7 +1,7 @@
 """The one module that reaches into ``trl.GRPOTrainer`` and ``transformers.Trainer``: it overrides their private
 methods, reads and writes their private attributes and calls their private helpers, and offers the rest of the
 library what it needs under its own names. Every private name used here is listed, with what it is used for, in
-``core/drift.py``, which checks them all (a test keeps the two in step).
+``core/trl/drift.py``, which checks them all (a test keeps the two in step).
 
 :class:`TRLBridge` is the base of ``EntropyGRPOTrainer`` (``core/trainer.py``). TRL's private methods lead to:
 
@@ -25,8 +25,11 @@ import torch
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
-from .batch import OLD_ENTROPY_KEY
-from .checkpoint import checkpoint_folder, end_checkpoint, restore_entropy_control, save_entropy_control
+from ..batch import OLD_ENTROPY_KEY
+from ..checkpoint import checkpoint_folder, end_checkpoint, restore_entropy_control, save_entropy_control
+from ..multimodal import check_known_inputs
+from ..statistics import masked_mean, replace_tail
+from ..weights import load_renamed_weights
 from .drift import (
     INSTANCE_ATTRIBUTES,
     PASS_AT_K_NAMES,
@@ -36,10 +39,7 @@ from .drift import (
     check_rollout_entropy,
     check_trainer,
 )
-from .multimodal import check_known_inputs
 from .objectives import adaptive_entropy_coef_step
-from .statistics import masked_mean, replace_tail
-from .weights import load_renamed_weights
 
 
 class TRLBridge(GRPOTrainer):

@@ -1,5 +1,5 @@
 """Guards against TRL drift: every private name of ``trl.GRPOTrainer`` and ``transformers.Trainer`` that
-``core/trl_bridge.py`` uses (the only module that uses any), what it is used for and when it is checked, and a check of
+``core/trl/bridge.py`` uses (the only module that uses any), what it is used for and when it is checked, and a check of
 the first training step.
 
 A TRL release that renames one of these names, changes a method's parameters, or stops calling a method would
@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 
 @dataclass(frozen=True)
 class PrivateName:
-    """How ``core/trl_bridge.py`` uses one private name of TRL's or Trainer's.
+    """How ``core/trl/bridge.py`` uses one private name of TRL's or Trainer's.
 
     ``kind`` is ``"method"``, ``"attribute"`` (set on the trainer by TRL's ``__init__``) or ``"class attribute"``;
     ``use`` completes "which trl_entropy …"; ``parameters`` are the leading parameters (after ``self``) a method is
@@ -110,7 +110,7 @@ def trl_version() -> str:
 def drift_error(kind: str, name: str, problem: str) -> RuntimeError:
     return RuntimeError(
         f"trl=={trl_version()}: {problem}, which trl_entropy {PRIVATE_NAMES[name].use}. Install a supported TRL "
-        f"version (see setup.py) or update trl_entropy/core/trl_bridge.py (the {kind} {name})."
+        f"version (see setup.py) or update trl_entropy/core/trl/bridge.py (the {kind} {name})."
     )
 
 
@@ -127,7 +127,7 @@ def check_method(owner: type, name: str, method) -> None:
             f"trl=={trl_version()}: {owner.__name__}.{name} now takes {parameters}, but trl_entropy calls or "
             f"overrides it expecting {expected}: its parameter {expected[position]!r} (position {position + 1}) is "
             f"{found}; training would not apply the entropy control as written. Install a supported TRL version (see "
-            "setup.py) or update trl_entropy/core/trl_bridge.py."
+            "setup.py) or update trl_entropy/core/trl/bridge.py."
         )
 
 
@@ -170,7 +170,7 @@ def check_rollout_entropy(has_old_log_probs: bool, matched: bool, expected: bool
     present wherever TRL's rule computes it (``expected``: ``gradient_accumulation_steps`` not a multiple of
     ``steps_per_generation * num_iterations``, or vLLM's importance-sampling correction), and ``matched``: returned by
     a call of the bridge's ``_get_per_token_logps_and_entropies`` (whose entropy is then the rollout policy's)."""
-    fix = "Install a supported TRL version (see setup.py) or update trl_entropy/core/trl_bridge.py."
+    fix = "Install a supported TRL version (see setup.py) or update trl_entropy/core/trl/bridge.py."
     if expected and not has_old_log_probs:
         raise RuntimeError(
             f"trl=={trl_version()}: _generate_and_score_completions made a generation batch without "
@@ -202,5 +202,5 @@ class LossPathGuard(TrainerCallback):
                 f"trl=={trl_version()}: the first training step did not go through EntropyGRPOTrainer._compute_loss "
                 "(and its entropy head): this TRL computes the GRPO loss by another path, so the entropy control "
                 "would silently not apply. Install a supported TRL version (see setup.py) or update "
-                "trl_entropy/core/trl_bridge.py."
+                "trl_entropy/core/trl/bridge.py."
             )

@@ -1,6 +1,6 @@
 """The loss terms of the base trainer around its surrogate, as pure functions: the loss types and what each implies,
 the k3 KL estimator, the aggregation of each ``loss_type``, and the step of TRL's adaptive entropy coefficient. The
-surrogates are in ``core/surrogates.py``, the group advantages in ``core/advantages.py``; together,
+surrogates are in ``core/trl/surrogates.py``, the group advantages in ``core/trl/advantages.py``; together,
 ``EntropyGRPOTrainer`` computes exactly ``trl.GRPOTrainer``'s loss for every one of its eight loss types
 (docs/loss_types.md)."""
 
