@@ -180,8 +180,9 @@ def method_options(method: str) -> dict:
     from trl_entropy.methods import get_method
     from trl_entropy.methods.compose import SEPARATOR
 
-    if SEPARATOR in method:
-        return {key: value for part in method.split(SEPARATOR) for key, value in method_options(part).items()}
+    if SEPARATOR in method:  # the combination's own defaults (entropy_control among them), then each method's
+        parts = {key: value for part in method.split(SEPARATOR) for key, value in method_options(part).items()}
+        return {**get_method(method).defaults, **parts}
 
     options = dict(get_method(method).defaults)
     if method in ROLLOUT_ENTROPY_METHODS:
@@ -212,6 +213,7 @@ def make_trainer(
     reward=None,
     train_dataset=None,
     trainer_class=None,
+    config_class=None,
     **overrides,
 ):
     """A trainer of the registered ``method`` (or ``"trl"``: ``trl.GRPOTrainer``) on the toy task (fp32, CPU, no
@@ -220,11 +222,11 @@ def make_trainer(
     ``overrides`` are config fields; ``trainer_kwargs`` go to the trainer (``peft_config``, ...). ``rollout=None``
     samples completions from the policy as usual; ``reward`` replaces ``toy_reward`` (e.g. :func:`ranked_reward`),
     ``train_dataset`` the toy task's ``dataset_size`` problems, ``trainer_class`` the method's (a subclass of it that
-    records something).
+    records something), ``config_class`` the method's (``EntropyGRPOConfig``, with ``entropy_control``).
     """
     from _support.grpo import toy_config, toy_dataset, toy_trainer
 
-    config_class, method_trainer_class = trainer_classes(method)
+    method_config_class, method_trainer_class = trainer_classes(method)
     options = dict(
         per_device_train_batch_size=8,
         num_generations=GROUP_SIZE,
@@ -239,7 +241,7 @@ def make_trainer(
     options.update(overrides)
     return toy_trainer(
         trainer_class or method_trainer_class,
-        toy_config(config_class, output_dir, **options),
+        toy_config(config_class or method_config_class, output_dir, **options),
         model,
         reward_funcs=reward,
         train_dataset=toy_dataset(dataset_size) if train_dataset is None else train_dataset,

@@ -4,7 +4,7 @@ that says what to change. In Python: unknown, empty, repeated and foreign settin
 
 import pytest
 
-from trl_entropy import EntropyGRPOConfig, QAEConfig
+from trl_entropy import EntropyGRPOConfig, QAEConfig, QAETrainer
 from trl_entropy.methods import combination
 from trl_entropy.scripts import train_arguments
 
@@ -54,7 +54,10 @@ BAD = [
     (["--method", "aent+entropic"], "both act on the entropy regulariser"),
     (["--method", "clip_cov+kl_cov"], "cannot act together"),
     (["--method", "qae", "--kl_cov_ratio", "0.1"], "--kl_cov_ratio is an option of kl_cov, which --method qae"),
-    (["--method", "qae+kl_cov", "--entropy_control", "qae"], "does not match Config[qae+kl_cov], the config of other"),
+    (
+        ["--method", "qae+kl_cov", "--entropy_control", "qae"],
+        "--entropy_control ['qae'] does not match --method qae+kl_cov",
+    ),
     (["--config", "{dir}/mismatch.yaml"], "sets method 'qae+kl_cov' and entropy_control ['qae']"),
     (["--config", "{dir}/not_a_list.yaml"], "entropy_control in {dir}/not_a_list.yaml must be a list"),
     (["--method", "qae+ce_gppo", "--loss_type", "sapo"], "ce_gppo does not support loss_type='sapo'"),
@@ -88,9 +91,23 @@ def test_bad_python_settings_are_refused_by_name(options, error, message, tmp_pa
         EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, **options)
 
 
-def test_one_method_by_name_is_its_own_config_and_a_methods_config_takes_only_itself(tmp_path):
+def test_one_method_by_name_trains_as_its_own_config_and_a_methods_config_takes_only_itself(tmp_path):
+    """No class is swapped: EntropyGRPOConfig naming one method is an EntropyGRPOConfig, with that method's part, its
+    defaults and its checks, and its own trainer takes it."""
     config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae"])
-    assert type(config) is QAEConfig
+    own = QAEConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert type(config) is EntropyGRPOConfig and config.method_parts == QAEConfig.method_parts
+    settings = config.to_dict()
+    assert {name: settings[name] for name in own.to_dict()} == own.to_dict() | {"entropy_control": ["qae"]}
+    assert config.method_label == own.method_label == "QAETrainer"  # a checkpoint of either resumes with the other
+    assert QAETrainer.config_class.coerce(config, "QAETrainer") is config
+    with pytest.raises(ValueError, match="multi_objective_aggregation"):  # QAE's own check
+        EntropyGRPOConfig(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            entropy_control=["qae"],
+            multi_objective_aggregation="normalize_then_sum",
+        )
     assert type(QAEConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae"])) is QAEConfig
     with pytest.raises(ValueError, match="does not match QAEConfig, the config of other methods"):
         QAEConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=["qae", "kl_cov"])
@@ -123,3 +140,21 @@ def test_the_demo_runs_every_combination_that_has_a_config_and_refuses_a_bad_one
     assert run_settings("erc+qae", no_configs) == ("erc+qae", {})  # the library defaults
     with pytest.raises(ValueError, match="both act on the entropy regulariser"):
         run_settings("aent+entropic", no_configs)
+
+
+@pytest.mark.parametrize(
+    ("names", "field", "expected"),
+    [
+        (["adapo"], "epsilon_high", 0.28),  # ADAPOConfig's own default for a field of the base
+        (["aent", "adapo"], "epsilon_high", 0.28),
+        (["repo_d"], "repo_variant", "D"),  # the registry name's default
+        (["entreg", "qae"], "entropy_coef", 1e-3),
+    ],
+)
+def test_a_field_left_at_its_default_takes_the_default_a_selected_method_gives_it(names, field, expected, tmp_path):
+    config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=names)
+    assert getattr(config, field) == expected
+    assert getattr(EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True), field) != expected  # not the base's
+    given = {"epsilon_high": 0.3, "repo_variant": "R", "entropy_coef": 2e-3}[field]
+    config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=names, **{field: given})
+    assert getattr(config, field) == given  # a value set is kept

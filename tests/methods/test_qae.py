@@ -14,7 +14,8 @@ import torch
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer, QAEConfig, QAETrainer
+from trl_entropy import EntropyGRPOTrainer, QAEConfig, QAETrainer
+from trl_entropy.core.config import EntropyGRPOBaseConfig
 from trl_entropy.core.parts import MethodPart
 from trl_entropy.core.trl.advantages import advantages_around_baseline
 from trl_entropy.methods.qae import qae_gate_metrics, quantile_baseline
@@ -232,7 +233,7 @@ class MeanBaselinePart(MethodPart):
 
 
 @dataclass
-class MeanBaselineConfig(EntropyGRPOConfig):
+class MeanBaselineConfig(EntropyGRPOBaseConfig):
     method_parts: ClassVar[tuple[type, ...]] = (MeanBaselinePart,)
 
 

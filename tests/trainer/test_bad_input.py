@@ -25,8 +25,8 @@ from transformers import LlamaModel
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import ADAPOConfig, AEntConfig, ClipCovConfig, EntropyGRPOConfig, ERCConfig, QAEConfig, REPOConfig
-from trl_entropy.core.config import Range, Rule, field_rule
-from trl_entropy.methods import METHODS, get_method
+from trl_entropy.core.config import EntropyGRPOBaseConfig, Range, Rule, field_rule
+from trl_entropy.methods import FIELD_OWNERS, METHODS, get_method
 from trl_entropy.methods.aent import aent_coefficient_step
 from trl_entropy.toy import build_toy_dataset, build_toy_model, toy_reward
 
@@ -37,19 +37,20 @@ nan, inf = math.nan, math.inf
 # Config fields
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Our configs: the base's and every method's, in the registry's order.
-CONFIGS = list(dict.fromkeys([EntropyGRPOConfig, *(method.config_class for method in METHODS.values())]))
+# Our configs: the base's and every method's, in the registry's order (the config of every method, EntropyGRPOConfig,
+# holds their fields with their rules: test_the_config_of_every_method_checks_each_field_by_its_methods_rule).
+CONFIGS = list(dict.fromkeys([EntropyGRPOBaseConfig, *(method.config_class for method in METHODS.values())]))
 
 
 def declared_rules(config_class) -> dict[str, Rule]:
     """The rules ``config_class`` declares (``config_field``, ``TRL_FIELD_RULES``): the base config's every rule, a
     method config's the rules it adds or redefines (a rule it inherits is tested on the base)."""
-    base_fields = EntropyGRPOConfig.__dataclass_fields__
+    base_fields = EntropyGRPOBaseConfig.__dataclass_fields__
     rules = {}
     for declared in dataclasses.fields(config_class):
         rule = field_rule(config_class, declared.name)
-        inherited = field_rule(EntropyGRPOConfig, declared.name) if declared.name in base_fields else None
-        if rule is not None and (config_class is EntropyGRPOConfig or rule is not inherited):
+        inherited = field_rule(EntropyGRPOBaseConfig, declared.name) if declared.name in base_fields else None
+        if rule is not None and (config_class is EntropyGRPOBaseConfig or rule is not inherited):
             rules[declared.name] = rule
     return rules
 
@@ -93,7 +94,7 @@ def refused_by(rule: Rule) -> list:
 # (in the config's __post_init__, after the rules), and the values of a field with no rule. Every other invalid value
 # is derived from the field's rule (`refused_by`).
 BY_HAND = {
-    EntropyGRPOConfig: {
+    EntropyGRPOBaseConfig: {
         "entropy_control": [3, []],  # no rule (the registry checks it): not a list of method names; no method
     },
     AEntConfig: {
@@ -223,8 +224,19 @@ def test_every_field_of_our_configs_has_an_invalid_value_test():
     for config_class in {method.config_class for method in METHODS.values()}:
         own = {f.name for f in dataclasses.fields(config_class)} - trl_fields
         own |= REDEFINED_TRL_FIELDS.get(config_class, set()) | STRICTER_TRL_FIELDS
-        covered = tested.get(config_class, set()) | tested.get(EntropyGRPOConfig, set())
+        covered = tested.get(config_class, set()) | tested.get(EntropyGRPOBaseConfig, set())
         assert own <= covered, f"{config_class.__name__}: no invalid-value test for {sorted(own - covered)}"
+
+
+def test_the_config_of_every_method_checks_each_field_by_its_methods_rule():
+    """EntropyGRPOConfig's copy of each method's field carries that method's rule, so the cases above cover it."""
+    base = EntropyGRPOBaseConfig.__dataclass_fields__
+    copies = [name for name in EntropyGRPOConfig.__dataclass_fields__ if name not in base]
+    assert copies and set(copies) == set(FIELD_OWNERS)
+    for name in copies:
+        owner = METHODS[FIELD_OWNERS[name][0]].config_class
+        assert field_rule(EntropyGRPOConfig, name) is field_rule(owner, name), name
+        assert EntropyGRPOConfig.__dataclass_fields__[name].default == owner.__dataclass_fields__[name].default
 
 
 def test_valid_defaults_are_accepted():

@@ -26,6 +26,7 @@ from _support.grpo import (
 )
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.config import EntropyGRPOBaseConfig
 from trl_entropy.core.head import install_entropy_head
 from trl_entropy.core.parts import MethodPart
 from trl_entropy.core.statistics import covariance_from_moments, covariance_moments, token_covariance
@@ -71,7 +72,7 @@ class RecordingPart(MethodPart):
 
 
 @dataclass
-class RecordingConfig(EntropyGRPOConfig):
+class RecordingConfig(EntropyGRPOBaseConfig):
     method_parts: ClassVar[tuple[type, ...]] = (RecordingPart,)
 
 

@@ -57,6 +57,32 @@ def straight_run(warm_toy_policy_path, tmp_path_factory):
     return straight
 
 
+def test_a_methods_own_config_and_the_config_of_every_method_resume_each_other(
+    straight_run, warm_toy_policy_path, tmp_path
+):
+    """A checkpoint written with a method's own config resumes, exactly and without a warning, with EntropyGRPOConfig
+    naming the method: both configs name the same method, and the settings recorded are those of the methods
+    selected."""
+    import warnings
+
+    from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+
+    straight, straight_values, folder = straight_run("aent", {})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*differ from the checkpoint's")
+        resumed, resumed_values = train(
+            "aent",
+            warm_toy_policy_path,
+            str(tmp_path / "resumed"),
+            resume_from=str(folder / f"checkpoint-{CHECKPOINT}"),
+            config_class=EntropyGRPOConfig,
+            trainer_class=EntropyGRPOTrainer,
+            entropy_control=["aent"],
+        )
+    assert type(resumed.args) is EntropyGRPOConfig
+    assert_resumed_equals_straight(straight, straight_values, resumed, resumed_values)
+
+
 @pytest.mark.parametrize("method, options", CASES, ids=IDS)
 def test_resumed_run_equals_straight_run(method, options, straight_run, warm_toy_policy_path, tmp_path):
     straight, straight_values, folder = straight_run(method, options)

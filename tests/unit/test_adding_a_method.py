@@ -15,6 +15,11 @@ from pathlib import Path
 from _support.grpo import TOY_CACHE
 
 from trl_entropy.core.trainer import EntropyGRPOTrainer
+from trl_entropy.methods import METHODS, Place
+
+
+# A method of the advantages' axis, one name (no variant): the walk-through's method trains beside it.
+OTHER = next(spec for spec in METHODS.values() if spec.acts_on[:1] == (Place.ADVANTAGES,) and not spec.defaults)
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +71,7 @@ def ship_into(package: Path, page: str, name: str) -> None:
 
 
 # Run in the copy: the method is registered and public, --method names it alone and combined, and a combination with
-# a method of another axis (the entropy-shaped advantages) trains, each method logging its own metric.
+# a method of another axis (OTHER, a method of the advantages' axis) trains, each method logging its own metric.
 SCRIPT = """
 import json, sys
 import trl_entropy
@@ -74,18 +79,17 @@ from trl_entropy.methods import FIELD_OWNERS, METHODS, combination
 from trl_entropy.scripts.train_arguments import parse_arguments
 from trl_entropy.toy import build_toy_dataset, build_toy_policy, toy_reward
 
-_, toy_cache, output_dir = sys.argv
+_, toy_cache, output_dir, other = sys.argv
 assert trl_entropy.__file__.startswith(sys.path[0]), trl_entropy.__file__
 floor = METHODS["floor"]
 assert floor.trainer_class is trl_entropy.EntropyFloorTrainer and FIELD_OWNERS["floor_gain"] == ["floor"]
 _, script_args, training_args, _ = parse_arguments(
-    ["--method", "floor+ent_adv", "--floor_gain", "0.02", "--output_dir", output_dir, "--use_cpu", "--bf16", "False"]
+    ["--method", f"floor+{other}", "--floor_gain", "0.02", "--output_dir", output_dir, "--use_cpu", "--bf16", "False"]
 )
-assert (script_args.method, training_args.floor_gain) == ("floor+ent_adv", 0.02)
+assert (script_args.method, training_args.floor_gain) == (f"floor+{other}", 0.02)
 config = trl_entropy.EntropyGRPOConfig(
-    entropy_control=["floor", "ent_adv"],
+    entropy_control=["floor", other],
     floor_entropy=5.0,
-    ent_adv_alpha=0.4,
     output_dir=output_dir,
     per_device_train_batch_size=8,
     num_generations=4,
@@ -96,7 +100,7 @@ config = trl_entropy.EntropyGRPOConfig(
     use_cpu=True,
     bf16=False,
 )
-assert type(config) is combination(["floor", "ent_adv"]).config_class
+assert type(config) is combination(["floor", other]).config_class
 model, tokenizer = build_toy_policy(seed=0, cache_dir=toy_cache)
 trainer = trl_entropy.EntropyGRPOTrainer(
     model=model,
@@ -110,7 +114,7 @@ logged = {key for entry in trainer.state.log_history for key in entry}
 print(json.dumps({
     "parts": [part.key for part in trainer.parts],
     "coef": trainer.controllers["floor"].value,
-    "logged": sorted(key for key in logged if key.startswith(("floor/", "ent_adv/"))),
+    "logged": sorted(key for key in logged if key.startswith(("floor/", f"{other}/"))),
 }))
 """
 
@@ -123,7 +127,7 @@ def test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined(tm
     ship_into(copy, page, "floor")
     environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), TOY_CACHE, str(tmp_path / "run")],
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), TOY_CACHE, str(tmp_path / "run"), OTHER.key],
         cwd=tmp_path,
         env=environment,
         capture_output=True,
@@ -131,6 +135,6 @@ def test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined(tm
     )
     assert result.returncode == 0, result.stderr[-4000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["parts"] == ["ent_adv", "floor"]  # in axis order: advantages, then the regulariser
+    assert outcome["parts"] == [OTHER.key, "floor"]  # in axis order: advantages, then the regulariser
     assert outcome["coef"] > 0  # the floor's controller moved: its part ran beside the other method's
-    assert outcome["logged"] == ["ent_adv/capped_fraction", "ent_adv/mean_bonus", "floor/coef"]
+    assert outcome["logged"] == sorted([*(metric.key for metric in OTHER.metrics), "floor/coef"])

@@ -34,6 +34,7 @@ from accelerate.utils import send_to_device
 from transformers import TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .config import EntropyGRPOBaseConfig
 from .control import EntropyControlState
 from .trl.noise import MISSING_KEYS_LOGGER, MISSING_KEYS_REPORT
 
@@ -83,19 +84,17 @@ def generation_cycle_open(trainer) -> bool:
 
 
 def method_name(trainer) -> str:
-    """The methods a trainer trains, by the name of their trainer class: its config names them (``<Method>Config``:
-    ``<Method>Trainer``; ``Config[a+b]``: ``Trainer[a+b]``), and a user's subclass of a config counts as the library
-    config it extends."""
-    library_config = next(c for c in type(trainer.args).__mro__ if c.__module__.startswith("trl_entropy."))
-    name = library_config.__name__
-    return f"Trainer{name.removeprefix('Config')}" if name.startswith("Config[") else name.replace("Config", "Trainer")
+    """The methods a trainer trains, as its config names them (``method_label``: their trainer class's name)."""
+    return trainer.args.method_label
 
 
 def run_settings(args) -> dict:
-    """The settings a checkpoint records to compare on resume: GRPOConfig's and the method's fields (JSON scalars),
-    and the batch layout."""
-    skip = {f.name for f in fields(TrainingArguments)} - set(LAYOUT_FIELDS)
-    values = {f.name: getattr(args, f.name, None) for f in fields(args) if f.name not in skip}
+    """The settings a checkpoint records to compare on resume: GRPOConfig's and the selected methods' fields (JSON
+    scalars; the methods themselves are compared by name), and the batch layout."""
+    skip = {f.name for f in fields(TrainingArguments)} - set(LAYOUT_FIELDS) | {"entropy_control"}
+    names = {f.name for f in fields(EntropyGRPOBaseConfig)}
+    names |= {f.name for _, config_class in args.method_configs() for f in fields(config_class)}
+    values = {name: getattr(args, name, None) for name in sorted(names) if name not in skip}
     return {
         name: value for name, value in values.items() if value is None or isinstance(value, (bool, int, float, str))
     }

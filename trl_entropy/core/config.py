@@ -1,8 +1,7 @@
-"""``EntropyGRPOConfig``, the base of every method's config, and the validators the methods' configs share."""
+"""``EntropyGRPOBaseConfig``, the base of every method's config, and the validators the methods' configs share."""
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import ClassVar
 
@@ -187,12 +186,13 @@ TOKEN_FRACTION = dict(valid=Range(0, 1, "(]"), note="(a fraction of the valid to
 
 
 @dataclass
-class EntropyGRPOConfig(GRPOConfig):
+class EntropyGRPOBaseConfig(GRPOConfig):
     r"""
-    Configuration for [`EntropyGRPOTrainer`]: every field of [`~trl.GRPOConfig`] plus the entropy kernel's settings.
+    The base of every config of this library: every field of [`~trl.GRPOConfig`] plus the entropy kernel's settings.
 
-    With no entropy control switched on, the trainer computes exactly `trl.GRPOTrainer`'s loss. The methods'
-    configs subclass this one.
+    With no method, [`EntropyGRPOTrainer`] computes exactly `trl.GRPOTrainer`'s loss. Each method's config subclasses
+    this one with its fields, its part (`method_parts`) and its checks (`check_settings`);
+    `trl_entropy.EntropyGRPOConfig` holds every method's fields and trains the methods its `entropy_control` names.
 
     Parameters:
         entropy_kernel_chunk_size (`int` or `None`, *optional*, defaults to `None`):
@@ -203,8 +203,8 @@ class EntropyGRPOConfig(GRPOConfig):
         entropy_control_fresh_start (`bool`, *optional*, defaults to `False`):
             Resume from another method's checkpoint with this method's controllers started fresh (refused otherwise).
         entropy_control (`list[str]` or `None`, *optional*, defaults to `None`):
-            Methods to combine, by the names `--method` lists: the config built is then theirs together, taking every
-            selected method's fields (docs/composing.md). `None`: no entropy control.
+            Methods to combine, by the names `--method` lists (`trl_entropy.EntropyGRPOConfig`; a method's own config
+            takes `None` or its own name). `None`: no entropy control.
     """
 
     # Every loss type of trl.GRPOTrainer (docs/loss_types.md); a method that supports fewer says why in
@@ -219,9 +219,6 @@ class EntropyGRPOConfig(GRPOConfig):
     method_parts: ClassVar[tuple[type, ...]] = ()
     # Methods combined: (name, paper, tag) of each method the trainer's model card names; None: the trainer's own card.
     model_card: ClassVar[list | None] = None
-    # Set by `trl_entropy.methods` (core imports no method): `(config class, options) -> the class to build`, the
-    # combination `entropy_control` names where there is one.
-    combined_config_class: ClassVar[Callable[[type, dict], type] | None] = None
 
     entropy_kernel_chunk_size: int | None = config_field(
         None,
@@ -249,19 +246,10 @@ class EntropyGRPOConfig(GRPOConfig):
         "method's fields. None: no entropy control. See docs/composing.md.",
     )
 
-    def __new__(cls, *positional, **options):
-        if EntropyGRPOConfig.combined_config_class is not None:
-            cls = EntropyGRPOConfig.combined_config_class(cls, options)
-        elif options.get("entropy_control") is not None:
-            raise ValueError(
-                "entropy_control needs the methods' registry, which is not loaded: import EntropyGRPOConfig from "
-                "trl_entropy (or import trl_entropy.methods first)."
-            )
-        return super().__new__(cls)
-
     def __post_init__(self):
         # Checked before TRL's own checks, so that the error names the field and the value given.
         validate_fields(self)
+        self.select_methods()
         validate_eval_batch(self)
         super().__post_init__()
         self.check_method_settings()
@@ -276,9 +264,42 @@ class EntropyGRPOConfig(GRPOConfig):
                 stacklevel=3,
             )
 
+    def select_methods(self) -> None:
+        """Check ``entropy_control`` against the methods this config trains: a method's own config takes ``None`` or
+        the keys of its parts (the config of several methods, ``trl_entropy.EntropyGRPOConfig``, resolves them)."""
+        own = [part.key for part in self.method_parts]
+        names = self.entropy_control
+        if names is not None and (not own or not isinstance(names, (list, tuple)) or list(names) != own):
+            raise ValueError(
+                f"entropy_control={self.entropy_control!r} does not match {type(self).__name__}, the config of other "
+                f"methods ({own or 'none'}): build trl_entropy.EntropyGRPOConfig(entropy_control=...) with the "
+                "methods you want."
+            )
+
+    def method_configs(self) -> list[tuple[str, type]]:
+        """``(name, config class)`` of each method this config trains, as its messages name it."""
+        library = next(c for c in type(self).__mro__ if c.__module__.startswith("trl_entropy."))
+        return [(library.__name__.removesuffix("BaseConfig").removesuffix("Config"), library)]
+
     def check_method_settings(self) -> None:
-        """Refuse settings the method cannot train with: a ``loss_type`` it does not support, quoting its reason."""
-        refuse_loss_type(self.loss_type, type(self).__name__.removesuffix("Config"), type(self))
+        """Refuse settings the methods cannot train with: a ``loss_type`` one does not support, quoting its reason;
+        then each method config's own ``check_settings`` (those of the classes it extends first), once each."""
+        checks = []
+        for name, config_class in self.method_configs():
+            refuse_loss_type(self.loss_type, name, config_class)
+            for owner in reversed(config_class.__mro__):
+                if "check_settings" in vars(owner) and owner not in checks:
+                    checks.append(owner)
+        for owner in checks:
+            owner.check_settings(self)
+
+    @property
+    def method_label(self) -> str:
+        """The name a checkpoint records for the methods this config trains: their trainer class's."""
+        library = next(c for c in type(self).__mro__ if c.__module__.startswith("trl_entropy."))
+        if library is EntropyGRPOBaseConfig:
+            return "EntropyGRPOTrainer"
+        return library.__name__.replace("Config", "Trainer")
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig):
@@ -308,13 +329,14 @@ class EntropyGRPOConfig(GRPOConfig):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             return cls(f"{model_name.split('/')[-1]}-{trainer_name.removesuffix('Trainer')}")
-        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOConfig):
+        if isinstance(args, GRPOConfig) and not isinstance(args, EntropyGRPOBaseConfig):
             args = cls.from_grpo_config(args)
             logger.warning(
                 f"{trainer_name}: built a {cls.__name__} from the GRPOConfig given as `args`; fields left at "
                 f"GRPOConfig's defaults, and {cls.__name__}'s own fields, take {cls.__name__}'s defaults."
             )
-        if not isinstance(args, cls):
+        combined = isinstance(args, EntropyGRPOBaseConfig) and args.entropy_control is not None  # parts checked later
+        if not isinstance(args, cls) and not combined:
             raise TypeError(
                 f"{trainer_name} needs `args` of type {cls.__name__} (or a plain GRPOConfig), "
                 f"got {type(args).__name__}."

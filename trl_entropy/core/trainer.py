@@ -24,7 +24,7 @@ from accelerate.utils import is_peft_model
 from .batch import CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .citation import sign_combined_model_card
-from .config import EntropyGRPOConfig
+from .config import EntropyGRPOBaseConfig
 from .control import Controller, ControllerCycle, EntropyControlState
 from .data import check_image_columns, check_prompt_columns
 from .head import (
@@ -48,10 +48,10 @@ class EntropyGRPOTrainer(TRLBridge):
     """`trl.GRPOTrainer` whose loss step is owned here, and whose methods are its config's parts (see the module
     docstring).
 
-    Takes the same arguments as `trl.GRPOTrainer`; `args` is an `EntropyGRPOConfig` (a method's config, the config of
-    methods combined, or a plain `GRPOConfig`, converted)."""
+    Takes the same arguments as `trl.GRPOTrainer`; `args` is `trl_entropy.EntropyGRPOConfig` (the methods its
+    `entropy_control` names), a method's own config, or a plain `GRPOConfig` (converted: no method)."""
 
-    config_class: ClassVar[type] = EntropyGRPOConfig
+    config_class: ClassVar[type] = EntropyGRPOBaseConfig
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         args = self.config_class.coerce(args, type(self).__name__, model)

@@ -7,13 +7,13 @@ is built from the declarations, one import line per method; docs/adding_a_method
 """
 
 from ..core.citation import sign_model_card
-from ..core.config import EntropyGRPOConfig
+from ..core.config import EntropyGRPOBaseConfig
 from ..core.trainer import EntropyGRPOTrainer
 from .adapo import SPEC as _adapo
 from .aent import SPEC as _aent
 from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
-from .compose import AXES, SEPARATOR, combine, in_axis_order, owners_of_fields, refuse_fields_of_unselected_methods
+from .compose import AXES, SEPARATOR, combine, in_axis_order, methods_config_class, owners_of_fields
 from .ent_adv import SPEC as _ent_adv
 from .entropic import SPEC as _entropic
 from .erc import SPEC as _erc
@@ -28,7 +28,7 @@ from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
 # paper default). With the same entropy_coef, trl.GRPOTrainer computes the same loss.
 GRPO = MethodSpec(
     key="grpo",
-    config_class=EntropyGRPOConfig,
+    config_class=EntropyGRPOBaseConfig,
     trainer_class=EntropyGRPOTrainer,
     variants={
         "grpo": Variant("GRPO, no entropy control", metrics=()),
@@ -48,6 +48,7 @@ GRPO = MethodSpec(
 
 __all__ = [
     "AXES",
+    "EntropyGRPOConfig",
     "FIELD_OWNERS",
     "GRPO",
     "METHODS",
@@ -80,6 +81,8 @@ SPECS: tuple[MethodSpec, ...] = (
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
 # Each field a method's config adds to the base's -> the names of the methods whose config has it.
 FIELD_OWNERS: dict[str, list[str]] = owners_of_fields(METHODS)
+# Every method's fields; `entropy_control` names the methods it trains.
+EntropyGRPOConfig: type = methods_config_class(METHODS)
 
 for _spec in SPECS:
     if _spec.paper is not None:
@@ -104,28 +107,5 @@ def combination(names) -> MethodSpec:
     what to change where they cannot."""
     ordered = in_axis_order(names, METHODS)
     if ordered not in _COMBINATIONS:
-        _COMBINATIONS[ordered] = combine(ordered, METHODS, combined_config)
+        _COMBINATIONS[ordered] = combine(ordered, METHODS, EntropyGRPOConfig)
     return _COMBINATIONS[ordered]
-
-
-def combined_config(names: tuple[str, ...], state: dict) -> EntropyGRPOConfig:
-    """The config of the methods ``names`` holding ``state``: how a combination's config unpickles."""
-    config = object.__new__(combination(names).config_class)
-    config.__dict__.update(state)
-    return config
-
-
-def _config_class_to_build(config_class: type, options: dict) -> type:
-    names = options.get("entropy_control")
-    combined = config_class if names is None else combination(names).config_class
-    if config_class is EntropyGRPOConfig:
-        refuse_fields_of_unselected_methods(options, names, combined, FIELD_OWNERS)
-    if config_class is not EntropyGRPOConfig and config_class is not combined:
-        raise ValueError(
-            f"entropy_control={names!r} does not match {config_class.__name__}, the config of other methods: build "
-            "EntropyGRPOConfig(entropy_control=...) with the methods you want."
-        )
-    return combined
-
-
-EntropyGRPOConfig.combined_config_class = staticmethod(_config_class_to_build)

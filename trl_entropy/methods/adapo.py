@@ -17,7 +17,7 @@ from typing import ClassVar
 from ..core.citation import Paper
 from ..core.config import (
     ENTROPY_TARGET,
-    EntropyGRPOConfig,
+    EntropyGRPOBaseConfig,
     Range,
     config_field,
     reject_trl_entropy_bonus,
@@ -86,9 +86,9 @@ class ADAPOPart(MethodPart):
 
 
 @dataclass
-class ADAPOConfig(EntropyGRPOConfig):
+class ADAPOConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`ADAPOTrainer`]: [`EntropyGRPOConfig`] with the DAPO loss (default; any loss type
+    Configuration for [`ADAPOTrainer`]: [`EntropyGRPOBaseConfig`] with the DAPO loss (default; any loss type
     with the PPO clip works) and an adaptive `epsilon_high`.
 
     Parameters:
@@ -145,8 +145,7 @@ class ADAPOConfig(EntropyGRPOConfig):
         **ENTROPY_TARGET,
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "ADAPO")
         if self.adapo_epsilon_high_max < self.adapo_epsilon_high_min:
             raise ValueError(
@@ -167,7 +166,7 @@ class ADAPOConfig(EntropyGRPOConfig):
             "every ratio is 1, so the clip never binds and epsilon_high, the value ADAPO controls, has no effect; the "
             "loss is plain DAPO.",
             "ADAPO to act",
-            stacklevel=3,
+            stacklevel=5,  # the code that builds the config
         )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
 from ..core.statistics import masked_mean
@@ -118,9 +118,9 @@ class AEntPart(MethodPart):
 
 
 @dataclass
-class AEntConfig(EntropyGRPOConfig):
+class AEntConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`AEntTrainer`]: every field of [`EntropyGRPOConfig`] plus AEnt's clamped-entropy bonus.
+    Configuration for [`AEntTrainer`]: every field of [`EntropyGRPOBaseConfig`] plus AEnt's clamped-entropy bonus.
 
     Defaults are the reference implementation's (AReaL `recipe/AEnt`), except `aent_warmup_steps` (its run used 29).
 
@@ -192,8 +192,7 @@ class AEntConfig(EntropyGRPOConfig):
         "at aent_coef_init for the whole run. Default True (the paper's method).",
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         for low, high, what in (
             ("aent_entropy_low", "aent_entropy_high", "band"),
             ("aent_coef_min", "aent_coef_max", "box"),

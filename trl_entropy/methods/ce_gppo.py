@@ -22,7 +22,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
@@ -107,9 +107,9 @@ class CEGPPOPart(MethodPart):
 
 
 @dataclass
-class CEGPPOConfig(EntropyGRPOConfig):
+class CEGPPOConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`CEGPPOTrainer`]: [`EntropyGRPOConfig`] plus CE-GPPO's gradient scales of the clipped tokens
+    Configuration for [`CEGPPOTrainer`]: [`EntropyGRPOBaseConfig`] plus CE-GPPO's gradient scales of the clipped tokens
     (Su et al., arXiv:2509.20712).
 
     CE-GPPO replaces the PPO clip, so the loss types with that clip work (`grpo`, `bnpo`, `dr_grpo`, `dapo`, `luspo`);
@@ -152,8 +152,7 @@ class CEGPPOConfig(EntropyGRPOConfig):
         valid=Range(0),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "CE-GPPO")
         if self.importance_sampling_level != "token":
             raise ValueError(
@@ -177,7 +176,7 @@ class CEGPPOConfig(EntropyGRPOConfig):
             "every ratio is 1, so no token leaves the clip range: ce_gppo_beta1 and ce_gppo_beta2 have no effect and "
             "the loss is plain GRPO's.",
             "CE-GPPO to act (the authors make 8 updates per rollout batch)",
-            stacklevel=3,
+            stacklevel=5,  # the code that builds the config
         )
 
 

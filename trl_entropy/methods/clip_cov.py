@@ -147,7 +147,7 @@ class ClipCovPart(CovSelectionPart):
 @dataclass
 class ClipCovConfig(CovSelectionConfig):
     r"""
-    Configuration for [`ClipCovTrainer`]: [`EntropyGRPOConfig`] plus Clip-Cov's selection (Cui et al., "The Entropy
+    Configuration for [`ClipCovTrainer`]: [`EntropyGRPOBaseConfig`] plus Clip-Cov's selection (Cui et al., "The Entropy
     Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2).
 
     The PPO clip range is GRPOConfig's `epsilon` (0.2, the paper's ε) and `epsilon_high`. All four loss types are
@@ -188,8 +188,7 @@ class ClipCovConfig(CovSelectionConfig):
         valid=Range(finite=False),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         if not self.clip_cov_lb < self.clip_cov_ub:
             raise ValueError(
                 "clip_cov_lb must be below clip_cov_ub (candidates lie strictly between them), got "

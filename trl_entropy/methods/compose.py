@@ -9,9 +9,9 @@ method's fields with their defaults and their checks. One method whose registry 
 config. docs/composing.md.
 """
 
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass, replace
 
-from ..core.config import FIELD_RULES, EntropyGRPOConfig, refuse_loss_type
+from ..core.config import FIELD_RULES, EntropyGRPOBaseConfig
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import LOSS_TYPES
 from .spec import MethodSpec, Neutral, Place
@@ -44,7 +44,7 @@ def axis_of(entry: MethodSpec) -> Axis:
 
 def controls_entropy(entry: MethodSpec) -> bool:
     """False for the registry's name of plain GRPO: the base's own config and trainer, no setting of its own."""
-    return entry.config_class is not EntropyGRPOConfig or bool(entry.defaults)
+    return entry.config_class is not EntropyGRPOBaseConfig or bool(entry.defaults)
 
 
 def in_axis_order(names, registry: dict[str, MethodSpec]) -> tuple[str, ...]:
@@ -92,22 +92,21 @@ def refuse_pair(first: str, second: str, registry: dict[str, MethodSpec]) -> Non
             )
 
 
-def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], rebuild) -> MethodSpec:
-    """The registry entry of ``names`` (in axis order, from :func:`in_axis_order`) acting together: its config class
-    (``rebuild(names, state)`` unpickles one), what it logs, and its model card's methods and papers. Its trainer is
-    ``EntropyGRPOTrainer``, which trains whatever parts its config names."""
+def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], config_class: type) -> MethodSpec:
+    """The registry entry of ``names`` (in axis order, from :func:`in_axis_order`) acting together: what it logs and
+    its model card's methods and papers. Its config is ``config_class`` (``EntropyGRPOConfig``, whose
+    ``entropy_control`` names the methods), its trainer ``EntropyGRPOTrainer``, which trains the parts a config
+    names."""
     entries = [registry[name] for name in names]
     if len(entries) == 1 and not entries[0].defaults:
         return entries[0]
-    label = SEPARATOR.join(names)
-    config_class = combined_config_class(label, names, entries, rebuild)
     return replace(
         entries[0],
-        key=label,
+        key=SEPARATOR.join(names),
         config_class=config_class,
         trainer_class=EntropyGRPOTrainer,
         description="; ".join(entry.description for entry in entries),
-        defaults={},
+        defaults={"entropy_control": list(names), **method_defaults(names, entries)},
         variants={},
         acts_on=tuple(place for entry in entries for place in entry.acts_on),
         metrics=tuple(dict.fromkeys(metric for entry in entries for metric in entry.metrics)),
@@ -124,88 +123,131 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], rebuild) ->
     )
 
 
-def last_axis_first(classes) -> tuple[type, ...]:
-    """The classes from the last axis to the first, less any that another one extends (the base's own config, under a
-    method's)."""
-    classes = list(dict.fromkeys(reversed(list(classes))))
-    return tuple(c for c in classes if not any(other is not c and issubclass(other, c) for other in classes))
+def methods_config_class(registry: dict[str, MethodSpec]) -> type:
+    """``EntropyGRPOConfig``: the base config with every registered method's fields, each with its help, default and
+    check, training the methods its ``entropy_control`` names (their parts, in axis order). Selected methods' checks
+    and loss-type refusals apply; a field of a method it does not select is refused when set; a field not set takes
+    the default a selected method gives it (its registry name's, or its config's for a field of the base, as ADAPO's
+    ``epsilon_high``)."""
+    base_class = EntropyGRPOBaseConfig
+    base_fields = {item.name: item for item in fields(base_class)}
+    declared: dict[str, Field] = {}
+    for entry in registry.values():
+        for item in fields(entry.config_class):
+            if item.name not in base_fields:
+                declared.setdefault(item.name, item)
+    owners = owners_of_fields(registry)
+    new_fields = []
+    for name, item in declared.items():
+        copy = field(default=item.default, default_factory=item.default_factory, metadata=item.metadata)
+        if item in FIELD_RULES:
+            FIELD_RULES[copy] = FIELD_RULES[item]
+        new_fields.append((name, item.type, copy))
+
+    def selected(config) -> tuple[str, ...]:
+        names = config.entropy_control
+        return () if names is None else in_axis_order(names, registry)
+
+    def select_methods(self) -> None:
+        names = selected(self)
+        chosen = [registry[name] for name in names]
+        # What the caller set (a subclass's own __init__ records nothing: the options that differ from their defaults).
+        options_set = self.__dict__.get("options_set") or {
+            item.name for item in fields(self) if getattr(self, item.name) != default_of(item)
+        }
+        for option, methods in owners.items():
+            if option in options_set and not any(option in e.config_class.__dataclass_fields__ for e in chosen):
+                raise ValueError(
+                    f"{option} is an option of {' or '.join(repr(name) for name in methods)}, which "
+                    f"entropy_control={self.entropy_control!r} does not select: add the method to entropy_control, or "
+                    "leave the option out."
+                )
+        for key, value in method_defaults(names, chosen).items():
+            if key not in options_set:
+                setattr(self, key, value)
+
+    def method_configs(self) -> list[tuple[str, type]]:
+        return [(name, registry[name].config_class) for name in selected(self)] or [("EntropyGRPO", base_class)]
+
+    def method_label(self) -> str:
+        names = selected(self)
+        if not names:
+            return "EntropyGRPOTrainer"
+        if len(names) == 1 and not registry[names[0]].defaults:
+            return registry[names[0]].trainer_class.__name__
+        return f"Trainer[{SEPARATOR.join(names)}]"
+
+    def model_card(self) -> list | None:
+        chosen = [registry[name] for name in selected(self)]
+        return [(entry.name, entry.paper, entry.tag) for entry in chosen if entry.paper is not None] or None
+
+    def configs(self) -> list[type]:
+        return [registry[name].config_class for name in selected(self)]
+
+    namespace = {
+        "__doc__": "Configuration for [`EntropyGRPOTrainer`]: every field of [`EntropyGRPOBaseConfig`] and every "
+        "method's fields, training the methods `entropy_control` names (docs/composing.md).",
+        "__module__": "trl_entropy.methods",
+        "select_methods": select_methods,
+        "method_configs": method_configs,
+        "method_parts": property(lambda self: tuple(p for c in configs(self) for p in c.method_parts)),
+        "model_card": property(model_card),
+        "method_label": property(method_label),
+        "supported_loss_types": property(
+            lambda self: tuple(t for t in LOSS_TYPES if all(t in c.supported_loss_types for c in configs(self)))
+        ),
+        "controls_clip_range": property(lambda self: any(c.controls_clip_range for c in configs(self))),
+        # TRL's entropy bonus, selected by name, is the base's own config with its coefficient set.
+        "selects_trl_entropy_bonus": property(lambda self: any(c is EntropyGRPOBaseConfig for c in configs(self))),
+    }
+    config_class = make_dataclass("EntropyGRPOConfig", new_fields, bases=(EntropyGRPOBaseConfig,), namespace=namespace)
+    fields_init = config_class.__init__
+
+    def __init__(self, *positional, **options):
+        # What the caller set; where every field is passed (TRL's argument parser passes them all), those that differ
+        # from their defaults.
+        if set(options) >= {item.name for item in fields(config_class) if item.init}:
+            options_set = {
+                key for key, value in options.items() if value != default_of(self.__dataclass_fields__[key])
+            }
+        else:
+            options_set = set(options)
+        self.__dict__["options_set"] = frozenset(options_set)
+        fields_init(self, *positional, **options)
+
+    __init__.__doc__ = fields_init.__doc__
+    config_class.__init__ = __init__
+    return config_class
 
 
-def combined_config_class(label: str, names: tuple[str, ...], entries: list[MethodSpec], rebuild) -> type:
-    """The methods' configs as the bases of one dataclass, with every method's parts in axis order, the loss types that
-    every method supports and each refusal naming the method that refuses. It pickles as ``rebuild(names, state)``,
-    so that loading it needs no class looked up by name. A field keeps the default its method gives it, where it
-    differs from the base's (each base's fields include those it inherits, which would otherwise win by the order of
-    the bases), and the registry names' defaults; the field's check stays."""
-    bases = last_axis_first(entry.config_class for entry in entries)
-    base_fields = {f.name: f for f in fields(EntropyGRPOConfig)}
-    defaults: dict[str, tuple] = {}  # field -> (default, the method that sets it, its field)
+def default_of(declared: Field):
+    return declared.default_factory() if declared.default is MISSING else declared.default
+
+
+def method_defaults(names, entries: list[MethodSpec]) -> dict:
+    """The defaults the methods ``names`` give fields: their registry names' and their configs' for fields of the base
+    (ADAPO's ``epsilon_high``); two methods that give one field different defaults are refused."""
+    base_fields = {item.name: item for item in fields(EntropyGRPOBaseConfig)}
+    defaults: dict[str, tuple] = {}  # field -> (default, the method that sets it)
     for name, entry in zip(names, entries, strict=True):
-        own = {f.name: f for f in fields(entry.config_class)}
-        changed = {key: own[key].default for key in base_fields if own[key] is not base_fields[key]}
+        own = {item.name: item for item in fields(entry.config_class)}
+        changed = {key: default_of(own[key]) for key in base_fields if own[key] is not base_fields[key]}
         for key, value in {**changed, **entry.defaults}.items():
             if key in defaults and defaults[key][0] != value:
                 raise ValueError(
                     f"{defaults[key][1]!r} and {name!r} set {key} to different defaults ({defaults[key][0]!r} and "
                     f"{value!r}): they cannot be combined."
                 )
-            defaults[key] = (value, name, own[key])
-    redeclared = []
-    for key, (value, _, declared) in defaults.items():
-        default = field(default=value, metadata=declared.metadata)
-        if declared in FIELD_RULES:
-            FIELD_RULES[default] = FIELD_RULES[declared]
-        redeclared.append((key, declared.type, default))
-    # The command line and YAML build this class directly: its own entropy_control is the default.
-    control = EntropyGRPOConfig.__dataclass_fields__["entropy_control"]
-    redeclared.append(
-        ("entropy_control", control.type, field(default_factory=lambda: list(names), metadata=control.metadata))
-    )
-    methods = [(name, entry.config_class) for name, entry in zip(names, entries, strict=True)]
-
-    def check_method_settings(self) -> None:
-        for name, config_class in methods:
-            refuse_loss_type(self.loss_type, name, config_class)
-
-    def __reduce__(self):
-        return rebuild, (names, dict(self.__dict__))
-
-    signed = [(entry.name, entry.paper, entry.tag) for entry in entries if entry.paper is not None]
-
-    namespace = {
-        "__doc__": f"The config of {label}: every field of " + ", ".join(base.__name__ for base in bases) + ".",
-        "__module__": "trl_entropy.methods",
-        "__qualname__": f"Config[{label}]",
-        "supported_loss_types": tuple(t for t in LOSS_TYPES if all(t in c.supported_loss_types for _, c in methods)),
-        "controls_clip_range": any(config_class.controls_clip_range for _, config_class in methods),
-        # TRL's entropy bonus, selected by name, is the base's own config with its coefficient set.
-        "selects_trl_entropy_bonus": any(entry.config_class is EntropyGRPOConfig for entry in entries),
-        "check_method_settings": check_method_settings,
-        "__reduce__": __reduce__,
-        "method_parts": tuple(part for entry in entries for part in entry.config_class.method_parts),
-        "model_card": signed or None,
-    }
-    return make_dataclass(f"Config[{label}]", redeclared, bases=bases, namespace=namespace)
+            defaults[key] = (value, name)
+    return {key: value for key, (value, _) in defaults.items()}
 
 
 def owners_of_fields(registry: dict[str, MethodSpec]) -> dict[str, list[str]]:
     """Each field that a method's config adds to the base's -> the names of the methods whose config has it."""
-    base = set(EntropyGRPOConfig.__dataclass_fields__)
+    base = set(EntropyGRPOBaseConfig.__dataclass_fields__)
     owners: dict[str, list[str]] = {}
     for name, entry in registry.items():
         for declared in fields(entry.config_class):
             if declared.name not in base:
                 owners.setdefault(declared.name, []).append(name)
     return owners
-
-
-def refuse_fields_of_unselected_methods(options: dict, names, config_class: type, owners: dict[str, list]) -> None:
-    """A config option that belongs to a method ``names`` does not select (a field ``config_class``, their config,
-    lacks) is refused, naming its method; ``owners`` is :func:`owners_of_fields` of the registry."""
-    for option in options:
-        if option in owners and option not in config_class.__dataclass_fields__:
-            methods = " or ".join(repr(name) for name in owners[option])
-            raise ValueError(
-                f"{option} is an option of {methods}, which entropy_control={names!r} does not select: add the method "
-                "to entropy_control, or leave the option out."
-            )

@@ -24,7 +24,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, config_field
+from ..core.config import EntropyGRPOBaseConfig, config_field
 from ..core.parts import MethodPart
 from ..core.statistics import covariance_moments, pooled_covariance
 
@@ -140,7 +140,7 @@ class CovSelectionPart(MethodPart):
 
 
 @dataclass
-class CovSelectionConfig(EntropyGRPOConfig):
+class CovSelectionConfig(EntropyGRPOBaseConfig):
     r"""
     What the covariance-selection methods' configs share: where the selection is made.
 
@@ -162,8 +162,7 @@ class CovSelectionConfig(EntropyGRPOConfig):
         choices=COV_SELECTION_SCOPES,
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         if self.importance_sampling_level != "token":
             raise ValueError(
                 f"importance_sampling_level={self.importance_sampling_level!r} is not supported by "

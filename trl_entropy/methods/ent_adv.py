@@ -19,7 +19,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Neutral, Place
@@ -70,9 +70,9 @@ class EntropyAdvantagePart(MethodPart):
 
 
 @dataclass
-class EntropyAdvantageConfig(EntropyGRPOConfig):
+class EntropyAdvantageConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`EntropyAdvantageTrainer`]: [`EntropyGRPOConfig`] plus the entropy-based advantage term.
+    Configuration for [`EntropyAdvantageTrainer`]: [`EntropyGRPOBaseConfig`] plus the entropy-based advantage term.
 
     Parameters:
         ent_adv_alpha (`float`, *optional*, defaults to `0.4`):
@@ -100,8 +100,7 @@ class EntropyAdvantageConfig(EntropyGRPOConfig):
         note="(the term is capped at |A| / kappa: below |A|, so a negative advantage keeps its sign)",
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "EntropyAdvantage")
 
 

@@ -26,7 +26,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
@@ -146,9 +146,10 @@ class EntroPICPart(MethodPart):
 
 
 @dataclass
-class EntroPICConfig(EntropyGRPOConfig):
+class EntroPICConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`EntroPICTrainer`]: [`EntropyGRPOConfig`] plus EntroPIC's controller and high-probability term.
+    Configuration for [`EntroPICTrainer`]: [`EntropyGRPOBaseConfig`] plus EntroPIC's controller and high-probability
+    term.
 
     Parameters (defaults: the authors' `run_entropic.sh` and code at commit 2470730):
         entropic_target (`float`, defaults to `0.1`): target entropy `H*` (nats per token), > 0.
@@ -178,8 +179,7 @@ class EntroPICConfig(EntropyGRPOConfig):
         valid=Range(0, 1, "()"),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "EntroPIC")
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, warn_if_on_policy
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep
@@ -74,9 +74,9 @@ class ERCPart(MethodPart):
 
 
 @dataclass
-class ERCConfig(EntropyGRPOConfig):
+class ERCConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`ERCTrainer`]: [`EntropyGRPOConfig`] plus the entropy-ratio band of ERC (arXiv:2512.05591).
+    Configuration for [`ERCTrainer`]: [`EntropyGRPOBaseConfig`] plus the entropy-ratio band of ERC (arXiv:2512.05591).
 
     ERC acts only off-policy (`num_iterations > 1` or `steps_per_generation > gradient_accumulation_steps`): on-policy
     the entropy ratio is 1 and every token is kept.
@@ -107,8 +107,7 @@ class ERCConfig(EntropyGRPOConfig):
         valid=Range(0, ends="(]", finite=False),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         if not self.erc_low < self.erc_high:
             raise ValueError(
                 "erc_low must be below erc_high (the tokens kept have an entropy ratio strictly between them), got "
@@ -125,7 +124,7 @@ class ERCConfig(EntropyGRPOConfig):
             "the rollout policy is the policy being trained, every entropy ratio is 1 and no token is ever gated; the "
             "loss is the plain surrogate.",
             "ERC to act",
-            stacklevel=3,
+            stacklevel=5,  # the code that builds the config
         )
 
 

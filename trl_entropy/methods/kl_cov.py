@@ -89,7 +89,7 @@ class KLCovPart(CovSelectionPart):
 @dataclass
 class KLCovConfig(CovSelectionConfig):
     r"""
-    Configuration for [`KLCovTrainer`]: [`EntropyGRPOConfig`] plus KL-Cov's penalty (Cui et al., "The Entropy
+    Configuration for [`KLCovTrainer`]: [`EntropyGRPOBaseConfig`] plus KL-Cov's penalty (Cui et al., "The Entropy
     Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617, §4.2).
 
     KL-Cov replaces the PPO clip: `epsilon`/`epsilon_high` do not enter the loss (they only set the `clip_ratio/*`
@@ -122,8 +122,7 @@ class KLCovConfig(CovSelectionConfig):
         valid=Range(0),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         if self.delta is not None:
             raise ValueError(
                 f"delta={self.delta!r} is not supported by KLCovConfig: delta clips the importance ratio, and KL-Cov "

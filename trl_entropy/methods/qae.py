@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from ..core.citation import Paper
-from ..core.config import EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodSpec, Metric, Place
@@ -79,9 +79,9 @@ class QAEPart(MethodPart):
 
 
 @dataclass
-class QAEConfig(EntropyGRPOConfig):
+class QAEConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`QAETrainer`]: [`EntropyGRPOConfig`] plus QAE's quantile level.
+    Configuration for [`QAETrainer`]: [`EntropyGRPOBaseConfig`] plus QAE's quantile level.
 
     Parameters:
         qae_quantile_k (`float`, *optional*, defaults to `0.4`):
@@ -100,8 +100,7 @@ class QAEConfig(EntropyGRPOConfig):
         note="(the authors' code falls back to the mean outside (0, 1): use method grpo for that)",
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "QAE")
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(

@@ -24,7 +24,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
-from ..core.config import ENTROPY_TARGET, EntropyGRPOConfig, Range, config_field, reject_trl_entropy_bonus
+from ..core.config import ENTROPY_TARGET, EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
@@ -141,9 +141,9 @@ class REPOPart(MethodPart):
 
 
 @dataclass
-class REPOConfig(EntropyGRPOConfig):
+class REPOConfig(EntropyGRPOBaseConfig):
     r"""
-    Configuration for [`REPOTrainer`]: [`EntropyGRPOConfig`] plus REPO's per-token advantage and its β controller.
+    Configuration for [`REPOTrainer`]: [`EntropyGRPOBaseConfig`] plus REPO's per-token advantage and its β controller.
 
     Parameters (each field's `help` says more):
         repo_variant (`str`, defaults to `"R"`): `"R"` (REPO-R, rescale) or `"D"` (REPO-D, decorrelate).
@@ -198,8 +198,7 @@ class REPOConfig(EntropyGRPOConfig):
         "A (the public re-implementation of the paper's App. D.2). False leaves it unclamped.",
     )
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_settings(self) -> None:
         reject_trl_entropy_bonus(self, "REPO")
         if self.repo_beta_max < self.repo_beta_min:
             raise ValueError(

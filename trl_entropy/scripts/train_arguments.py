@@ -6,13 +6,14 @@ kind of run. :func:`parse_arguments` turns a command line into the three argumen
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-from trl_entropy import EntropyGRPOConfig
+from trl_entropy.core.config import EntropyGRPOBaseConfig
 from trl_entropy.methods import FIELD_OWNERS, METHODS, get_method
 from trl_entropy.methods.compose import SEPARATOR
 from trl_entropy.toy import CHAT_ARITHMETIC_MAX_DIGITS, TOY_NUM_PROMPTS, TOY_TRAINING_DEFAULTS
@@ -102,18 +103,20 @@ def bf16_accelerator_available() -> bool:
 
 
 def method_option_names(method_name: str) -> list[str]:
-    """The options that make the method what it is: its config's fields that the base lacks or sets otherwise, the
-    registry's defaults for it, and the TRL fields of a method TRL implements itself."""
+    """The options that make the methods what they are: each one's config fields that the base lacks or sets
+    otherwise, the registry's defaults for it, and the TRL fields of a method TRL implements itself."""
+    if SEPARATOR in method_name:
+        names = [name for part in method_name.split(SEPARATOR) for name in method_option_names(part)]
+        return [name for name in dict.fromkeys(names) if name != "entropy_control"]
     method = get_method(method_name)
-    base = {item.name: item for item in fields(EntropyGRPOConfig)}
+    base = {item.name: item for item in fields(EntropyGRPOBaseConfig)}
     names = [
         item.name
         for item in fields(method.config_class)
         if item.name not in base
         or (item.default, item.default_factory) != (base[item.name].default, base[item.name].default_factory)
     ]
-    trl_options = [name for part in method_name.split(SEPARATOR) for name in TRL_OPTIONS_OF_METHOD.get(part, [])]
-    for name in [*method.defaults, *trl_options]:
+    for name in [*method.defaults, *TRL_OPTIONS_OF_METHOD.get(method_name, [])]:
         if name not in names:
             names.append(name)
     return names
@@ -145,6 +148,12 @@ class TrainParser(TrlParser):
             "line wins over the file. examples/configs/ (a link to the package's trl_entropy/demo/configs/) has one "
             "per method.",
         )
+        # The config of several methods has every method's fields: those of the methods not chosen are not options.
+        own = set(method_option_names(method_name))
+        self.foreign_options = {name for name in FIELD_OWNERS if name not in own}
+        for action in self._actions:
+            if action.dest in self.foreign_options:
+                action.help = argparse.SUPPRESS
         optional_bools = {
             item.name for dtype in self.dataclass_types for item in fields(dtype) if item.type == bool | None
         }
@@ -163,7 +172,9 @@ class TrainParser(TrlParser):
         method = get_method(self.method_name)
         own = method_option_names(self.method_name)
         grpo = {item.name for item in fields(GRPOConfig)}
-        kernel = [item.name for item in fields(EntropyGRPOConfig) if item.name not in grpo and item.name not in own]
+        kernel = [
+            item.name for item in fields(EntropyGRPOBaseConfig) if item.name not in grpo and item.name not in own
+        ]
         script = [item.name for item in fields(TrainScriptArguments) if item.name != "method"]
         model = [item.name for item in fields(ModelConfig)]
         groups = {
@@ -203,16 +214,11 @@ class TrainParser(TrlParser):
         return formatter.format_help()
 
     def parse_known_args(self, args=None, namespace=None):
+        for argument in sys.argv[1:] if args is None else args:
+            self.refuse_option_of_another_method(argument, self.foreign_options)
         namespace, unknown = super().parse_known_args(args, namespace)
         for argument in unknown:
-            option = argument.removeprefix("--").split("=", 1)[0].replace("-", "_")
-            if argument.startswith("--") and option in FIELD_OWNERS:
-                owners = FIELD_OWNERS[option]
-                self.error(
-                    f"{argument.split('=', 1)[0]} is an option of {' or '.join(owners)}, which --method "
-                    f"{self.method_name} does not select: add the method ({self.method_name}{SEPARATOR}{owners[0]}) "
-                    "or leave it out"
-                )
+            self.refuse_option_of_another_method(argument, FIELD_OWNERS)
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         self.resolve_precision(namespace)
@@ -224,6 +230,17 @@ class TrainParser(TrlParser):
                 self.method_name, self.config_file, namespace.model_name_or_path, namespace.use_peft
             )
         return namespace, unknown
+
+    def refuse_option_of_another_method(self, argument: str, options) -> None:
+        """Exit with a usage error when ``argument`` is ``--OPTION`` of a method this command does not choose."""
+        option = argument.removeprefix("--").split("=", 1)[0].replace("-", "_")
+        if argument.startswith("--") and option in options:
+            owners = FIELD_OWNERS[option]
+            self.error(
+                f"{argument.split('=', 1)[0]} is an option of {' or '.join(owners)}, which --method "
+                f"{self.method_name} does not select: add the method ({self.method_name}{SEPARATOR}{owners[0]}) "
+                "or leave it out"
+            )
 
     def resolve_precision(self, namespace) -> None:
         """TRL's default bf16 is refused by transformers without a GPU that has it: fall back to fp32 there."""
@@ -310,7 +327,10 @@ def build_parser(argv: list[str], prog: str | None = None) -> TrainParser:
         usage_error(f"argument --method {method_name!r}{source}: {error}", prog)
     parser = TrainParser(method_name, config_file, prog)
     # TRL's own message for this one names a parser argument; say which keys the chosen method lacks instead.
-    foreign = sorted(set(from_yaml) - {action.dest for action in parser._actions} - {"env"})
+    foreign = sorted(
+        (set(from_yaml) - {action.dest for action in parser._actions} - {"env"})
+        | (set(from_yaml) & parser.foreign_options)
+    )
     if foreign:
         parser.error(f"argument --config: {config_file} sets {', '.join(foreign)}, which --method {method_name} lacks")
     defaults = {"method": method_name, **get_method(method_name).defaults}
@@ -333,6 +353,12 @@ def parse_arguments(argv: list[str], prog: str | None = None):
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except ValueError as error:  # the configs' own checks, which name the field and the fix
         parser.error(str(error))
+    named = getattr(training_args, "entropy_control", None)
+    if SEPARATOR in script_args.method and set(named or ()) != set(script_args.method.split(SEPARATOR)):
+        parser.error(
+            f"--entropy_control {named!r} does not match --method {script_args.method}: leave --entropy_control out, "
+            "or name the same methods"
+        )
     if script_args.method == "entreg" and training_args.entropy_coef == 0 and not training_args.use_adaptive_entropy:
         parser.error("--method entreg needs --entropy_coef > 0 or --use_adaptive_entropy")
     return parser, script_args, training_args, model_args
