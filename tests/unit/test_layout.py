@@ -259,6 +259,21 @@ def test_nothing_in_core_imports_a_method():
     assert {module: imports for module, imports in offenders.items() if imports} == {}
 
 
+def test_no_class_swaps_itself_and_no_module_answers_for_missing_names():
+    """Combination is data: no ``__new__`` (one returning another class made a config or trainer of methods combined),
+    and no module ``__getattr__`` but a package's lazy public names, read from its ``_PUBLIC`` table (one existed only
+    so that pickle found classes built at run time)."""
+    swaps, hooks = [], []
+    for path in PACKAGE_FILES:
+        module = tree(path)
+        functions = [node for node in ast.walk(module) if isinstance(node, ast.FunctionDef)]
+        swaps += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in functions if node.name == "__new__"]
+        if any(node.name == "__getattr__" for node in module.body if isinstance(node, ast.FunctionDef)):
+            hooks.append(path)
+    assert swaps == []
+    assert hooks and all(path.name == "__init__.py" and "_PUBLIC" in path.read_text() for path in hooks), hooks
+
+
 # The seam of MethodPart that each place of the loss step is filled through.
 SEAMS = {
     Place.GROUP_BASELINE: "group_baseline",
