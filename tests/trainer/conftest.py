@@ -13,6 +13,16 @@ FILES = {
 }
 # One loss step's worth each, in the quick loop: what a two-process launch checks, with the second rank stood in.
 TESTS = {
+    "test_schedules.py": {
+        name: "loss_step"
+        for name in (
+            "test_the_schedules_values_are_the_formulas",
+            "test_each_step_equals_grpo_trainer_with_that_steps_coefficient",
+            "test_the_bonus_has_a_gradient_wherever_its_coefficient_is_not_zero",
+            "test_a_schedule_from_zero_switches_the_bonus_on",
+            "test_evaluation_reads_the_current_value_and_moves_nothing",
+        )
+    },
     "test_resume.py": {"test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks": "loss_step"},
     "test_real_model_training.py": {"test_base_equals_trl_on_a_real_batch": "loss_step"},
 }

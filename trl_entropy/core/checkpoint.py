@@ -95,6 +95,8 @@ def run_settings(args) -> dict:
     names = {f.name for f in fields(EntropyGRPOBaseConfig)}
     names |= {f.name for _, config_class in args.method_configs() for f in fields(config_class)}
     values = {name: getattr(args, name, None) for name in sorted(names) if name not in skip}
+    if args.entropy_schedule().moves:  # the schedule's clock runs to max_steps: a new one moves every later value
+        values["max_steps"] = args.max_steps
     return {
         name: value for name, value in values.items() if value is None or isinstance(value, (bool, int, float, str))
     }

@@ -9,6 +9,7 @@ from transformers.utils import logging
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
+from .schedules import SCHEDULE_UNITS, SCHEDULES, Schedule
 from .trl.objectives import LOSS_TYPES
 
 
@@ -202,6 +203,10 @@ class EntropyGRPOBaseConfig(GRPOConfig):
             `"auto"` (Triton on CUDA, PyTorch elsewhere), `"torch"` or `"triton"`.
         entropy_control_fresh_start (`bool`, *optional*, defaults to `False`):
             Resume from another method's checkpoint with this method's controllers started fresh (refused otherwise).
+        entropy_coef_schedule (`str`, *optional*, defaults to `"constant"`):
+            TRL's `entropy_coef` over training: `"constant"`, `"linear"` or `"cosine"` to `entropy_coef_final`, after
+            `entropy_coef_warmup_steps` from `entropy_coef_warmup_start`, over `entropy_coef_decay_steps` (`None`:
+            to the last step), on the clock `entropy_schedule_unit` (docs/schedules.md).
         entropy_control (`list[str]` or `None`, *optional*, defaults to `None`):
             Methods to combine, by the names `--method` lists (`trl_entropy.EntropyGRPOConfig`; a method's own config
             takes `None` or its own name). `None`: no entropy control.
@@ -239,6 +244,40 @@ class EntropyGRPOBaseConfig(GRPOConfig):
         "optimizer and progress, and start this method's controllers and a new generation cycle fresh. Off by "
         "default: such a resume is refused. See docs/distributed.md (Resuming).",
     )
+    entropy_coef_schedule: str = config_field(
+        "constant",
+        "Schedule of TRL's entropy coefficient entropy_coef over training: 'constant', 'linear' or 'cosine', from "
+        "entropy_coef to entropy_coef_final (reached after the last step), after entropy_coef_warmup_steps. See "
+        "docs/schedules.md.",
+        choices=SCHEDULES,
+    )
+    entropy_coef_final: float | None = config_field(
+        None,
+        "Final entropy coefficient c_1 of a 'linear' or 'cosine' entropy_coef_schedule.",
+        valid=Range(),
+        none_means="(a constant schedule needs none)",
+    )
+    entropy_coef_warmup_steps: int = config_field(
+        0,
+        "Steps (or cycles, see entropy_schedule_unit) over which the entropy coefficient rises linearly from "
+        "entropy_coef_warmup_start to entropy_coef; 0: no warm-up.",
+        valid=Range(0, integer=True),
+    )
+    entropy_coef_warmup_start: float = config_field(
+        0.0, "Entropy coefficient c_w at the start of the warm-up (entropy_coef_warmup_steps).", valid=Range()
+    )
+    entropy_coef_decay_steps: int | None = config_field(
+        None,
+        "Steps (or cycles) from the end of the warm-up to entropy_coef_final.",
+        valid=Range(1, integer=True),
+        none_means="(to the run's last step, max_steps)",
+    )
+    entropy_schedule_unit: str = config_field(
+        "optimizer_step",
+        "The clock of entropy_coef_schedule: 'optimizer_step' (TRL's global_step, as transformers' learning-rate "
+        "schedules) or 'generation_cycle' (frozen within a cycle; its warm-up and decay steps count cycles).",
+        choices=SCHEDULE_UNITS,
+    )
     entropy_control: list[str] | None = config_field(
         None,
         "Methods to combine, by the names --method lists (YAML: `entropy_control: [NAME, NAME]`; command line: "
@@ -263,6 +302,31 @@ class EntropyGRPOBaseConfig(GRPOConfig):
                 "it to act",
                 stacklevel=3,
             )
+
+    def check_settings(self) -> None:
+        """The entropy coefficient's schedule: a final value where it decays, and no adaptive coefficient beside it."""
+        if self.entropy_coef_schedule != "constant" and self.entropy_coef_final is None:
+            raise ValueError(
+                f"entropy_coef_schedule={self.entropy_coef_schedule!r} needs entropy_coef_final, the coefficient it "
+                "ends at: set it (0.0 to decay the bonus away)."
+            )
+        if self.entropy_schedule().moves and self.use_adaptive_entropy:
+            raise ValueError(
+                f"entropy_coef_schedule={self.entropy_coef_schedule!r} (entropy_coef_warmup_steps="
+                f"{self.entropy_coef_warmup_steps}) and use_adaptive_entropy=True both set the entropy coefficient: "
+                "with use_adaptive_entropy it is a controller's state. Choose one of them."
+            )
+
+    def entropy_schedule(self) -> Schedule:
+        """The schedule of TRL's entropy coefficient, from ``entropy_coef``."""
+        return Schedule(
+            kind=self.entropy_coef_schedule,
+            start=self.entropy_coef,
+            final=self.entropy_coef_final,
+            warmup_steps=self.entropy_coef_warmup_steps,
+            warmup_start=self.entropy_coef_warmup_start,
+            decay_steps=self.entropy_coef_decay_steps,
+        )
 
     def select_methods(self) -> None:
         """Check ``entropy_control`` against the methods this config trains: a method's own config takes ``None`` or

@@ -36,6 +36,7 @@ from .head import (
     unsupported_head_reason_at,
 )
 from .parts import MethodPart, Metrics, TokenGate, TokenMean
+from .schedules import scheduled_entropy_coef
 from .statistics import global_token_mean
 from .trl.advantages import advantages_around_baseline, summed_rewards
 from .trl.bridge import TRLBridge
@@ -359,7 +360,9 @@ class EntropyGRPOTrainer(TRLBridge):
         micro-batch divided by the accumulation steps, as TRL scales its own."""
         accumulation = self.accumulation_steps(batch.mode)
         if self.entropy_bonus_enabled:
-            bonus = self.trl_entropy_bonus(batch.entropy, self.entropy_bonus_mask(batch), policy_loss, batch.mode)
+            coefficient = self.scheduled_entropy_coef(batch.mode)
+            mask = self.entropy_bonus_mask(batch)
+            bonus = self.trl_entropy_bonus(batch.entropy, mask, policy_loss, batch.mode, coefficient)
             loss = loss - bonus / accumulation
         for part in self.parts:
             regulariser, metrics = part.regulariser(batch)
@@ -371,6 +374,21 @@ class EntropyGRPOTrainer(TRLBridge):
             router_loss_mean = self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
             self.record_metric(batch.mode, "aux_loss", router_loss_mean)
         return loss
+
+    def scheduled_entropy_coef(self, mode: str) -> float | None:
+        """The entropy coefficient of ``entropy_coef_schedule`` at the current step (None: no schedule moves it); in
+        training it also becomes TRL's ``entropy_coef``, which TRL logs, and its progress ``u`` is logged."""
+        if not self.args.entropy_schedule().moves:
+            return None
+        state = self.state
+        coefficient, progress = scheduled_entropy_coef(
+            self.args, state.global_step, state.max_steps, self.num_iterations
+        )
+        if mode == "train":
+            self.entropy_coef = coefficient
+            if self.accelerator.sync_gradients:
+                self.record_metric("train", "entropy/schedule_progress", progress)
+        return coefficient
 
     @staticmethod
     def entropy_bonus_mask(batch: CompletionBatch) -> torch.Tensor:

@@ -97,14 +97,16 @@ class TRLBridge(GRPOTrainer):
 
     @property
     def entropy_bonus_enabled(self) -> bool:
-        """Whether TRL's entropy bonus applies (``entropy_coef`` ≠ 0 or ``use_adaptive_entropy``)."""
-        return self._entropy_bonus_enabled
+        """Whether TRL's entropy bonus applies (``entropy_coef`` ≠ 0 or ``use_adaptive_entropy``, fixed by TRL when it
+        is built), or a schedule of its coefficient has a value other than 0 (a warm-up from 0 included)."""
+        return self._entropy_bonus_enabled or self.args.entropy_schedule().ever_nonzero
 
-    def trl_entropy_bonus(self, entropy, mask, policy_loss, mode) -> torch.Tensor:
+    def trl_entropy_bonus(self, entropy, mask, policy_loss, mode, coefficient=None) -> torch.Tensor:
         """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline:
-        ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation), with the coefficient
-        as it stands before this micro-batch's :meth:`step_trl_entropy_coef`."""
-        coefficient = self.entropy_coef
+        ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation), with ``coefficient``
+        where given (a schedule's value), else the coefficient as it stands before this micro-batch's
+        :meth:`step_trl_entropy_coef`."""
+        coefficient = self.entropy_coef if coefficient is None else coefficient
         if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
             coefficient = 0.0
         self.record_metric(mode, "policy_loss", self.accelerator.gather(policy_loss.detach()).nanmean().item())
