@@ -96,6 +96,9 @@ def refused_by(rule: Rule) -> list:
 BY_HAND = {
     EntropyGRPOBaseConfig: {
         "entropy_control": [3, []],  # no rule (the registry checks it): not a list of method names; no method
+        # Any finite coefficient, as TRL's entropy_coef, but refused where the constant default schedule ignores it.
+        "entropy_coef_final": [0.01],
+        "entropy_coef_warmup_start": [0.01],
     },
     AEntConfig: {
         "aent_coef_init": [1.0],  # outside the default box [1e-5, 3e-3]

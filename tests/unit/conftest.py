@@ -11,7 +11,7 @@ FILES = {
     "test_pretrained.py": "pure",
     "test_rewards.py": "pure",
     "test_rounding.py": "pure",
-    "test_schedules.py": "pure",
+    "test_schedule_values.py": "pure",
     "test_layout.py": "pure",
     "test_toy_sweep.py": "pure",
     "test_trl_pin.py": "pure",

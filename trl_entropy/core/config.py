@@ -310,6 +310,32 @@ class EntropyGRPOBaseConfig(GRPOConfig):
                 f"entropy_coef_schedule={self.entropy_coef_schedule!r} needs entropy_coef_final, the coefficient it "
                 "ends at: set it (0.0 to decay the bonus away)."
             )
+        unused = [
+            (name, why)
+            for name, why, ignored in (
+                (
+                    "entropy_coef_final",
+                    "entropy_coef_schedule='constant' never reaches it",
+                    self.entropy_coef_schedule == "constant",
+                ),
+                (
+                    "entropy_coef_decay_steps",
+                    "entropy_coef_schedule='constant' does not decay",
+                    self.entropy_coef_schedule == "constant",
+                ),
+                (
+                    "entropy_coef_warmup_start",
+                    "entropy_coef_warmup_steps=0: there is no warm-up",
+                    self.entropy_coef_warmup_steps == 0,
+                ),
+            )
+            if ignored and getattr(self, name) not in (None, 0.0)
+        ]
+        if unused:
+            name, why = unused[0]
+            raise ValueError(
+                f"{name}={getattr(self, name)!r} would be ignored: {why}. Leave it out, or set what uses it."
+            )
         if self.entropy_schedule().moves and self.use_adaptive_entropy:
             raise ValueError(
                 f"entropy_coef_schedule={self.entropy_coef_schedule!r} (entropy_coef_warmup_steps="

@@ -91,6 +91,11 @@ def test_a_schedule_from_zero_still_has_a_bonus_and_a_constant_one_does_not_move
         ({"entropy_coef_warmup_steps": -1}, "entropy_coef_warmup_steps=-1 is invalid"),
         ({"entropy_coef_decay_steps": 0}, "entropy_coef_decay_steps=0 is invalid"),
         ({"entropy_schedule_unit": "epoch"}, "entropy_schedule_unit='epoch' is invalid"),
+        ({"entropy_coef_decay_steps": 10}, "entropy_coef_decay_steps=10 would be ignored: .*does not decay"),
+        (
+            {"entropy_coef_final": 0.0, "entropy_coef_schedule": "linear", "entropy_coef_warmup_start": 0.1},
+            "no warm-up",
+        ),
     ],
 )
 def test_a_bad_schedule_is_refused_naming_its_fields(options, message, tmp_path):
