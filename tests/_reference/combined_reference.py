@@ -101,7 +101,10 @@ def top_by_covariance(cov, mask, fraction):
 def gates(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, names, s):
     """Clip-Cov zeroes the loss of the valid tokens whose clip does not bind and whose covariance lies in
     ``(lb, ub)`` (all of them: the tests' ratio selects every candidate); ERC detaches the loss where the entropy ratio
-    ``(H + 1e-8) / (H^old + 1e-8)`` leaves ``(L, U)`` (arXiv:2512.05591). A token is detached if any gate says so."""
+    ``(H + 1e-8) / (H^old + 1e-8)`` leaves ``(L, U)`` (arXiv:2512.05591); STEER multiplies it by
+    ``clamp(exp(−κ|Ω|), λ_min, 1)``, ``Ω = (A / p^old)·p(1 − p)·(log p + H^old)``,
+    ``κ = −ln λ_min / max(max|Ω|, 0.02)`` over the valid tokens (arXiv:2510.10150), without gradient. A token is
+    detached if any gate says so."""
     if "erc" in names:
         rho = (entropy.detach() + 1e-8) / (old_entropy + 1e-8)
         keep = (rho > s["erc_low"]) & (rho < s["erc_high"])
@@ -113,6 +116,11 @@ def gates(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advant
             mask.bool() & ~clip_active(ratio, advantages, s) & (cov > s["clip_cov_lb"]) & (cov < s["clip_cov_ub"])
         )
         per_token_loss = torch.where(candidates, torch.zeros_like(per_token_loss), per_token_loss)
+    if "steer" in names:
+        p, p_old = log_probs.detach().exp(), old_log_probs.exp()
+        mu = (advantages.expand_as(p) / p_old * p * (1 - p) * (p.log() + old_entropy)).abs()
+        kappa = -math.log(s["steer_weight_min"]) / max(float(mu[mask.bool()].max()), 0.02)
+        per_token_loss = per_token_loss * (torch.exp(-kappa * mu).clamp(s["steer_weight_min"], 1.0) * mask)
     return per_token_loss
 
 

@@ -77,6 +77,7 @@ SETTINGS = dict(
     clip_cov_ub=100.0,
     erc_low=0.95,
     erc_high=1.05,
+    steer_weight_min=0.8,
     entropy_coef=0.1,
     aent_coef_init=0.1,
     aent_coef_max=1.0,

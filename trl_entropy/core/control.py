@@ -96,7 +96,7 @@ class EntropyTargetController(Controller):
                     f"{self.name}: the entropy target measured on the first generation cycle (ending at optimizer "
                     f"step {step}) is {self.entropy_target:.3g} nats, practically zero (every completion nearly "
                     "deterministic, e.g. only EOS): the controller will hold the entropy there. Give the target "
-                    "explicitly in the config to steer toward a useful entropy.",
+                    "explicitly in the config to aim at a useful entropy.",
                     stacklevel=2,
                 )
         self.value = self.step(self.value, mean_statistic, self.entropy_target)

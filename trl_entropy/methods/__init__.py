@@ -21,6 +21,7 @@ from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
 from .repo import SPEC as _repo
 from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
+from .steer import SPEC as _steer
 
 
 # The base trainer's own settings, declared like a method so that --method, the report and the tests list them with
@@ -76,6 +77,7 @@ SPECS: tuple[MethodSpec, ...] = (
     _ce_gppo,
     _erc,
     _entropic,
+    _steer,
 )
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}
