@@ -20,6 +20,7 @@ import warnings
 
 import pytest
 import torch
+from _reference.loss_types_reference import float64_loss, float64_scores
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
 from _support.grpo import (
     SMALL_BATCH,
@@ -288,58 +289,15 @@ def batch_with_rollout_entropy(model, tokenizer, seed, ratios=TARGET_RATIOS):
 
 
 def float64_erc_loss(loss_type, args, reference, inputs):
-    """ERC's loss in float64 from a float64 copy of the model: the loss type's surrogate (its paper's formula, as TRL
-    1.16 computes it), detached where ρ = (H + 1e-8)/(H^old + 1e-8) leaves (L, U), plus the ungated k3 KL, then the
-    loss type's aggregation. Returns the loss, the kept tokens and the entropy ratios."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = reference(input_ids=input_ids, attention_mask=attention_mask).logits
-    log_softmax = torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
-    log_probs = log_softmax.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1).detach()
-    mask = inputs["completion_mask"].double()
-    advantages = inputs["advantages"].double().unsqueeze(1)
-    token_log_ratio = log_probs - inputs["old_per_token_logps"].double()
-    log_ratio = token_log_ratio
-    if args.importance_sampling_level == "sequence":
-        log_ratio = ((token_log_ratio * mask).sum(-1) / mask.sum(-1)).unsqueeze(1)
-    ratio = torch.exp(log_ratio)
-    epsilon_low = args.epsilon
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
-        capped = ratio if args.delta is None else torch.clamp(ratio, max=args.delta)
-        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-        surrogate = -torch.minimum(capped * advantages, clipped * advantages)
-    elif loss_type == "cispo":
-        surrogate = -torch.clamp(ratio, max=epsilon_high).detach() * advantages * log_probs
-    elif loss_type == "sapo":
-        tau = torch.where(advantages > 0, args.sapo_temperature_pos, args.sapo_temperature_neg).double()
-        surrogate = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
-    else:  # vespo
-        w = torch.exp((token_log_ratio * mask).sum(-1, keepdim=True)).detach()
-        positive = advantages >= 0
-        k = torch.where(positive, args.vespo_k_pos, args.vespo_k_neg).double()
-        lam = torch.where(positive, args.vespo_lambda_pos, args.vespo_lambda_neg).double()
-        surrogate = -(torch.exp(lam) * w**k * torch.exp(-lam * w)) * advantages * log_probs
-    surrogate = surrogate.expand_as(mask)
+    """ERC's loss in float64 from a float64 copy of the model: the loss type's surrogate, detached where
+    ρ = (H + 1e-8)/(H^old + 1e-8) leaves (L, U), plus the ungated k3 KL, then the loss type's aggregation. Returns the
+    loss, the kept tokens and the entropy ratios."""
+    log_probs, entropy = float64_scores(reference, inputs)
     rho = (entropy + 1e-8) / (inputs[OLD_ENTROPY_KEY].double() + 1e-8)
-    keep = mask.bool() & (rho > args.erc_low) & (rho < args.erc_high)
-    per_token = torch.where(keep, surrogate, surrogate.detach())
-    if args.beta:
-        reference_log_ratio = inputs["ref_per_token_logps"].double() - log_probs
-        kl = torch.exp(reference_log_ratio) - reference_log_ratio - 1
-        per_token = per_token + args.beta * (kl * ratio if args.use_bias_correction_kl else kl)
-    masked = per_token * mask
-    if loss_type in ("grpo", "sapo"):
-        loss = (masked.sum(-1) / mask.sum(-1)).mean()
-    elif loss_type == "bnpo":
-        loss = masked.sum() / mask.sum()
-    elif loss_type == "dr_grpo":
-        loss = masked.sum() / (mask.size(0) * args.max_completion_length)
-    elif loss_type == "luspo":
-        loss = masked.sum(-1).mean()
-    else:  # dapo, cispo, vespo: the generation batch's tokens (one micro-batch, one process here)
-        loss = masked.sum() / inputs["num_items_in_batch"]
+    keep = inputs["completion_mask"].bool() & (rho > args.erc_low) & (rho < args.erc_high)
+    loss = float64_loss(
+        loss_type, args, log_probs, inputs, lambda surrogate: torch.where(keep, surrogate, surrogate.detach())
+    )
     return loss, keep, rho
 
 

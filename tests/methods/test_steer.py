@@ -16,9 +16,12 @@ import math
 
 import pytest
 import torch
-from _support.grpo import SMALL_BATCH, build_trainer, make_grpo_batch, toy_config
+from _reference.loss_types_reference import float64_loss, float64_scores
+from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config
+from transformers import AutoModelForCausalLM
 
-from trl_entropy.core.batch import CompletionBatch
+from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.steer import STEERConfig, STEERTrainer, steer_omega, steer_weights
 
 
@@ -239,3 +242,69 @@ def test_the_weights_depend_on_the_micro_batch_and_a_fixed_layout_reproduces(toy
     first = {key: value[:2] if hasattr(value, "dim") and value.dim() > 0 else value for key, value in inputs.items()}
     halves = weights_of(trainer, first)
     assert not torch.allclose(halves, whole[:2])  # μ_min and μ_max are the micro-batch's
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loss and every gradient against float64, for every loss type
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Loss types with their options: the clipped ones with TRL's dual clip (delta) or the KL term, CISPO with an ε_max low
+# enough to truncate the noisy ratios. Every loss type takes STEER's weight at token level.
+LOSS_CASES = {
+    "grpo": {"delta": 1.2},
+    "bnpo": {"beta": 0.04},
+    "dr_grpo": {"epsilon_high": 0.28},
+    "dapo": {},
+    "cispo": {"epsilon_high": 1.2},
+    "sapo": {},
+    "luspo": {},
+    "vespo": {},
+}
+assert set(LOSS_CASES) == set(LOSS_TYPES)
+
+
+def float64_steer_weights(log_probs, inputs, weight_min):
+    """The exponential map's weights in float64 from the float64 log-probs, the rollout's and its entropy."""
+    p = log_probs.detach().exp()
+    p_old = inputs["old_per_token_logps"].double().exp()
+    advantages = inputs["advantages"].double().unsqueeze(1)
+    mu = (advantages / p_old * p * (1 - p) * (p.log() + inputs[OLD_ENTROPY_KEY].double())).abs()
+    valid = inputs["completion_mask"].bool()
+    kappa = -math.log(weight_min) / max(float(mu[valid].max()), 0.02)
+    return torch.exp(-kappa * mu).clamp(weight_min, 1.0) * valid
+
+
+@pytest.mark.parametrize("loss_type", LOSS_CASES)
+def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_tokenizer, tmp_path, loss_type):
+    ours = build_trainer(
+        STEERTrainer,
+        STEERConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        loss_type=loss_type,
+        num_iterations=2,  # the rollout's log-probs and entropy differ from this pass's
+        **LOSS_CASES[loss_type],
+    )
+    inputs = make_grpo_batch(ours.model, len(toy_tokenizer), seed=list(LOSS_CASES).index(loss_type))
+    inputs["advantages"] = torch.tensor([0.9, -0.5, 1.3, -1.6])  # no zero advantage: every row has a gradient
+    our_loss, our_grads = loss_and_gradients(ours, inputs)
+
+    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    log_probs, _ = float64_scores(reference, inputs)
+    weights = float64_steer_weights(log_probs, inputs, ours.args.steer_weight_min)
+    valid = inputs["completion_mask"].bool()
+    assert weights[valid].min() == pytest.approx(0.8) and (weights[valid] > 0.95).any()  # the weights spread
+    loss = float64_loss(loss_type, ours.args, log_probs, inputs, lambda surrogate: surrogate * weights)
+    loss.backward()
+    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert ours._metrics["train"]["steer/weight_mean"] == [pytest.approx(float(weights.sum() / valid.sum()), rel=1e-5)]
+
+    # The comparison has power: without the weights the loss and the gradients differ.
+    reference.zero_grad()
+    unweighted = float64_loss(loss_type, ours.args, float64_scores(reference, inputs)[0], inputs)
+    unweighted.backward()
+    assert abs(unweighted.item() - loss.item()) > 1e-4
+    assert max((our_grads[n].double() - p.grad).abs().max().item() for n, p in reference.named_parameters()) > 1e-4
