@@ -54,8 +54,11 @@ METHOD_OPTIONS = {
     "repo_d": {"repo_beta": 0.01, "repo_entropy_target": 5.0},
     "adapo": {"adapo_entropy_target": 5.0},
     # The methods that gate on the rollout entropy, at their defaults: batch() sets rollout entropies that put some
-    # tokens out of their band.
-    **{name: {"num_iterations": 2} for name in ROLLOUT_ENTROPY_METHODS},
+    # tokens out of their band. A method that normalises over the micro-batch it is given (STEER) differs between one
+    # micro-batch and two by its definition; its own test checks that a fixed layout reproduces.
+    **{
+        name: {"num_iterations": 2} for name in ROLLOUT_ENTROPY_METHODS if not METHODS[name].normalises_per_micro_batch
+    },
 }
 # One micro-batch against two halves sums in another order. Each bound: the largest difference measured on
 # ATEN_CPU_CAPABILITY=default, avx2 and avx512 (one AMD EPYC), the margin, and what two planted bugs produce
@@ -180,7 +183,9 @@ def test_half_micro_batches_reproduce_one_micro_batch(case, loss_type, toy_model
         assert controller_states(one) != initial, "no controller moved: the comparison would be vacuous"
 
 
-@pytest.mark.parametrize("method", [*CYCLE_METHODS, *ROLLOUT_ENTROPY_METHODS])
+@pytest.mark.parametrize(
+    "method", [*CYCLE_METHODS, *(name for name in ROLLOUT_ENTROPY_METHODS if name in METHOD_OPTIONS)]
+)
 def test_training_with_accumulation_reproduces_training_without(method, warm_toy_policy_path, tmp_path):
     """The training loop, on equal-length completions: the halves TRL shuffles into hold equal token counts. The
     methods that read the rollout entropy (two updates per rollout) gate the same tokens with either split."""

@@ -183,6 +183,8 @@ def own_settings(config_class) -> dict[str, str]:
             settings[f.name] = str(not f.default)
         elif rule is not None and rule.choices:
             settings[f.name] = rule.choices[-1]
+    if settings.get("entropy_coef_schedule", "constant") != "constant":  # a decaying schedule needs its final value
+        settings["entropy_coef_final"] = "0.0"
     return settings
 
 

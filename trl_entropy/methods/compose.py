@@ -113,6 +113,7 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], config_clas
         neutral=Neutral(),  # each method's neutral settings are its own entry's
         needs_all_ranks_rewards=any(entry.needs_all_ranks_rewards for entry in entries),
         moves_per_micro_batch=any(entry.moves_per_micro_batch for entry in entries),
+        normalises_per_micro_batch=any(entry.normalises_per_micro_batch for entry in entries),
         needs_ppo_clip=any(entry.needs_ppo_clip for entry in entries),
         replaces_ppo_clip=any(entry.replaces_ppo_clip for entry in entries),
         name=" + ".join(entry.name or entry.key for entry in entries),

@@ -99,7 +99,9 @@ class MethodSpec:
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
     ``moves_per_micro_batch``: its controller moves at every training micro-batch (a controller of cadence
     ``"micro_batch"``), not once per generation cycle, so its trajectory depends on how the cycle is
-    cut into micro-batches. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
+    cut into micro-batches. ``normalises_per_micro_batch``: its loss reads statistics of the micro-batch it is given
+    (STEER's range of ``|Ω|``, as its authors compute it), so the same tokens cut into other micro-batches give
+    another loss. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
     selects by where it binds); ``replaces_ppo_clip``: its surrogate has no PPO clip. The two never combine.
     ``sweep``: the values ``examples/toy_sweep.py`` tries on the toy task (None: the method is not swept).
     """
@@ -115,6 +117,7 @@ class MethodSpec:
     neutral: Neutral = field(default_factory=Neutral)
     needs_all_ranks_rewards: bool = False
     moves_per_micro_batch: bool = False
+    normalises_per_micro_batch: bool = False
     needs_ppo_clip: bool = False
     replaces_ppo_clip: bool = False
     name: str | None = None

@@ -191,6 +191,7 @@ SPEC = MethodSpec(
         Metric("steer/nonfinite_fraction"),
     ),
     neutral=Neutral(ours={"steer_weight_min": 1.0}),  # λ_min = 1: every weight is 1
+    normalises_per_micro_batch=True,  # κ (exponential) or the min-max range (linear) is the micro-batch's
     name="STEER",
     paper=Paper(
         "hao2025steer", "Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective", "2510.10150", 2025
