@@ -93,7 +93,9 @@ def script_options(folder: Path, *options: str) -> list[str]:
 
 # The adaptive trainers, the methods whose advantages need every rank's rewards (a group baseline taken over the
 # rewards gathered from all ranks, then each rank keeps its own rows), and those that read the rollout policy's entropy
-# (each rank carries its own rows of it through TRL's shuffle and split; they run with two updates per rollout).
+# (each rank carries its own rows of it through TRL's shuffle and split; they run with two updates per rollout). A
+# method that normalises over the micro-batch it is given (STEER, as its authors: per micro-batch and per rank) cannot
+# equal one process by its definition, and has no state for the ranks to share.
 
 
 # Two adaptive methods combined, each moved by its own controller from the all-reduced entropy.
@@ -101,7 +103,7 @@ COMBINED = first_combinable_pair(ADAPTIVE_METHODS)
 TWO_PROCESS_METHODS = (
     *ADAPTIVE_METHODS,
     *(name for name, spec in METHODS.items() if spec.needs_all_ranks_rewards),
-    *ROLLOUT_ENTROPY_METHODS,
+    *(name for name in ROLLOUT_ENTROPY_METHODS if not METHODS[name].normalises_per_micro_batch),
     COMBINED,
 )
 

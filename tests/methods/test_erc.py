@@ -490,7 +490,7 @@ def test_trainers_that_do_not_read_the_rollout_entropy_carry_none(warm_toy_polic
     readers = [
         name for name, spec in METHODS.items() if any(p.needs_rollout_entropy for p in spec.config_class.method_parts)
     ]
-    assert readers == ["erc", "steer"]
+    assert "erc" in readers and "grpo" not in readers
     calls = []
     trainer = make_trainer("grpo", warm_toy_policy_path, str(tmp_path), num_iterations=2, max_steps=2, beta=0.04)
     assert not trainer.needs_rollout_entropy

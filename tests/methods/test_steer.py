@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
-from trl_entropy.methods.steer import STEERConfig, STEERTrainer, steer_omega, steer_weights
+from trl_entropy.methods.steer import STEERConfig, STEERPart, STEERTrainer, steer_omega, steer_weights
 
 
 # The worked example: two sequences of three tokens, the last token of the second masked; ε 0.2 / 0.28, dual clip 10.
@@ -213,6 +213,11 @@ def test_on_policy_steer_still_acts():
 def test_bad_settings_are_refused_naming_the_field(options, message):
     with pytest.raises(ValueError, match=message):
         toy_config(STEERConfig, **SMALL_BATCH, **options)
+
+
+def test_steer_reads_the_rollout_entropy_from_the_pass_erc_uses():
+    """H^old is the rollout policy's, carried from the pass that computes TRL's rollout log-probs."""
+    assert STEERPart.needs_rollout_entropy
 
 
 def test_the_defaults_are_the_papers_exponential_map():

@@ -175,19 +175,9 @@ class TRLBridge(GRPOTrainer):
         """The loss of one micro-batch."""
         raise NotImplementedError
 
-    def score_tokens(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        clamp_fraction=0.0,
-        aux_loss=False,
-        multimodal=None,
-    ):
+    def score_tokens(self, model, input_ids, attention_mask, logits_to_keep, **options):
         """Per-token log-probs, entropies, clamped entropies and the MoE router loss, a ``ScoredCompletions``
-        (``multimodal``: a VLM's image inputs)."""
+        (``options``: ``batch_size``, ``clamp_fraction``, ``aux_loss``, ``multimodal``, a VLM's image inputs)."""
         raise NotImplementedError
 
     def on_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -236,7 +226,7 @@ class TRLBridge(GRPOTrainer):
             input_ids,
             attention_mask,
             logits_to_keep,
-            batch_size,
+            batch_size=batch_size,
             aux_loss=compute_aux_loss,
             multimodal=model_inputs,
         )
