@@ -1,20 +1,9 @@
 """Each ``loss_type`` of TRL 1.16 in float64, written from its paper's formula as TRL computes it: the per-token
 surrogate, a method's change to it, TRL's k3 KL term, then the loss type's aggregation (one micro-batch, one process).
-The methods' tests give their own change (a gate, a weight) and compare their trainer's loss and gradients with it."""
+The methods' tests give their own change (a gate, a weight) and compare their trainer's loss and gradients with it;
+their float64 log-probs come from ``combined_reference.scores``."""
 
 import torch
-
-
-def float64_scores(reference, inputs):
-    """The float64 log-probs of the completion tokens (with their graph) and the entropies (detached) of
-    ``reference``, a float64 copy of the model."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = reference(input_ids=input_ids, attention_mask=attention_mask).logits
-    log_softmax = torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
-    log_probs = log_softmax.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1).detach()
-    return log_probs, entropy
 
 
 def float64_loss(loss_type, args, log_probs, inputs, change=lambda surrogate: surrogate):

@@ -20,7 +20,8 @@ import warnings
 
 import pytest
 import torch
-from _reference.loss_types_reference import float64_loss, float64_scores
+from _reference.combined_reference import scores
+from _reference.loss_types_reference import float64_loss
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
 from _support.grpo import (
     SMALL_BATCH,
@@ -292,8 +293,8 @@ def float64_erc_loss(loss_type, args, reference, inputs):
     """ERC's loss in float64 from a float64 copy of the model: the loss type's surrogate, detached where
     ρ = (H + 1e-8)/(H^old + 1e-8) leaves (L, U), plus the ungated k3 KL, then the loss type's aggregation. Returns the
     loss, the kept tokens and the entropy ratios."""
-    log_probs, entropy = float64_scores(reference, inputs)
-    rho = (entropy + 1e-8) / (inputs[OLD_ENTROPY_KEY].double() + 1e-8)
+    log_probs, entropy, _ = scores(reference, inputs)
+    rho = (entropy.detach() + 1e-8) / (inputs[OLD_ENTROPY_KEY].double() + 1e-8)
     keep = inputs["completion_mask"].bool() & (rho > args.erc_low) & (rho < args.erc_high)
     loss = float64_loss(
         loss_type, args, log_probs, inputs, lambda surrogate: torch.where(keep, surrogate, surrogate.detach())

@@ -16,7 +16,8 @@ import math
 
 import pytest
 import torch
-from _reference.loss_types_reference import float64_loss, float64_scores
+from _reference.combined_reference import scores
+from _reference.loss_types_reference import float64_loss
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config
 from transformers import AutoModelForCausalLM
 
@@ -296,7 +297,7 @@ def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
     reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
-    log_probs, _ = float64_scores(reference, inputs)
+    log_probs, _, _ = scores(reference, inputs)
     weights = float64_steer_weights(log_probs, inputs, ours.args.steer_weight_min)
     valid = inputs["completion_mask"].bool()
     assert weights[valid].min() == pytest.approx(0.8) and (weights[valid] > 0.95).any()  # the weights spread
@@ -309,7 +310,7 @@ def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_
 
     # The comparison has power: without the weights the loss and the gradients differ.
     reference.zero_grad()
-    unweighted = float64_loss(loss_type, ours.args, float64_scores(reference, inputs)[0], inputs)
+    unweighted = float64_loss(loss_type, ours.args, scores(reference, inputs)[0], inputs)
     unweighted.backward()
     assert abs(unweighted.item() - loss.item()) > 1e-4
     assert max((our_grads[n].double() - p.grad).abs().max().item() for n, p in reference.named_parameters()) > 1e-4

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 from _support.distributed_run import ADAPTIVE_METHODS, ControllerRecorder, logged, make_trainer
-from _support.grpo import full_logit_log_probs, lora_config
+from _support.grpo import full_logit_log_probs, lora_config, naive_log_softmax
 from _support.methods import METHOD_METRIC, first_combinable_pair
 from _support.parity import assert_same_step, build_pair
 from _support.resume import step_values
@@ -104,14 +104,10 @@ def real_batch(model, tokenizer, seed: int, new_tokens: int = 10) -> dict:
     lengths = torch.tensor([new_tokens, 6, 3, new_tokens])
     completion_mask = (torch.arange(new_tokens) < lengths.unsqueeze(1)).long()
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        logits = model(
-            input_ids=torch.cat([prompt_ids, completion_ids], 1),
-            attention_mask=torch.cat([prompt_mask, completion_mask], 1),
-        ).logits.double()
-        log_softmax = torch.log_softmax(logits[:, prompt_ids.size(1) - 1 : -1], -1)
-        log_probs = log_softmax.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1).float()
+    tokens = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids)
+    log_softmax = naive_log_softmax(model, dict(tokens, completion_mask=completion_mask))
+    log_probs = log_softmax.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1).float()
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,

@@ -366,9 +366,13 @@ class EntropyGRPOBaseConfig(GRPOConfig):
                 "methods you want."
             )
 
+    def library_class(self) -> type:
+        """The library config this one is (a user's subclass counts as the library config it extends)."""
+        return next(c for c in type(self).__mro__ if c.__module__.startswith("trl_entropy."))
+
     def method_configs(self) -> list[tuple[str, type]]:
         """``(name, config class)`` of each method this config trains, as its messages name it."""
-        library = next(c for c in type(self).__mro__ if c.__module__.startswith("trl_entropy."))
+        library = self.library_class()
         return [(library.__name__.removesuffix("BaseConfig").removesuffix("Config"), library)]
 
     def check_method_settings(self) -> None:
@@ -386,7 +390,7 @@ class EntropyGRPOBaseConfig(GRPOConfig):
     @property
     def method_label(self) -> str:
         """The name a checkpoint records for the methods this config trains: their trainer class's."""
-        library = next(c for c in type(self).__mro__ if c.__module__.startswith("trl_entropy."))
+        library = self.library_class()
         if library is EntropyGRPOBaseConfig:
             return "EntropyGRPOTrainer"
         return library.__name__.replace("Config", "Trainer")

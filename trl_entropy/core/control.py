@@ -9,7 +9,7 @@ see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through
 ``load_state_dict()`` restores it.
 
 A controller of cadence ``"micro_batch"`` moves at every training micro-batch instead, on that micro-batch's token mean
-over every rank (:meth:`ControllerCycle.micro_batch_statistics`), before the loss step's regularisers read it: the
+over every rank (:meth:`ControllerCycle.update_micro_batch`), before the loss step's regularisers read it: the
 cycle neither sums a statistic for it nor calls its ``update`` at the cycle's end, and still carries its state in every
 checkpoint and logs its metrics at every optimizer step.
 """
@@ -133,6 +133,19 @@ class EntropyControlState(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {"snapshot": self.snapshot}}
 
 
+def update_or_hold(controller: Controller, mean: float, step: int, where: str) -> None:
+    """``controller.update(mean, step)``; a non-finite mean (no valid token on any rank, or a non-finite statistic)
+    holds the controller where it is, with a warning naming ``where`` (the cycle or the micro-batch) and ``step``."""
+    if math.isfinite(mean):
+        controller.update(mean, step)
+        return
+    warnings.warn(
+        f"{where} optimizer step {step}: the {controller.statistic} statistic over every rank's valid tokens is "
+        f"{mean}; controller {controller.name!r} keeps its value",
+        stacklevel=4,
+    )
+
+
 def statistic_sums(batch, statistic: str) -> torch.Tensor:
     """``[Σ m·statistic, Σ m]`` of ``batch`` (a ``CompletionBatch``) for the field ``statistic``."""
     values = getattr(batch, statistic)
@@ -172,16 +185,19 @@ class ControllerCycle:
             previous = self.statistics.get(statistic)
             self.statistics[statistic] = sums if previous is None else previous + sums
 
-    def micro_batch_statistics(self, batch) -> dict[str, list[float]]:
-        """``[Σ m·statistic, Σ m]`` of this micro-batch over every rank (collective, when any controller has cadence
-        ``"micro_batch"``), for each such controller by name."""
-        controllers = [c for c in self.controllers.values() if c.cadence == "micro_batch"]
-        if not controllers:
-            return {}
+    def update_micro_batch(self, batch, step: int) -> None:
+        """Update every controller of cadence ``"micro_batch"`` on the token mean of its statistic over this training
+        micro-batch on every rank (collective, when there is such a controller); ``step`` is the optimizer step it is
+        part of (1-based)."""
         names = self._statistics("micro_batch")
+        if not names:
+            return
         totals = self.reduce_sum(torch.stack([statistic_sums(batch, name) for name in names]))
         sums = dict(zip(names, totals.tolist(), strict=True))
-        return {controller.name: sums[controller.statistic] for controller in controllers}
+        for controller in self.controllers.values():
+            if controller.cadence == "micro_batch":
+                total, count = sums[controller.statistic]
+                update_or_hold(controller, total / count if count > 0 else math.nan, step, "a micro-batch of")
 
     def _statistics(self, cadence: str) -> list[str]:
         return sorted({c.statistic for c in self.controllers.values() if c.cadence == cadence})
@@ -203,17 +219,8 @@ class ControllerCycle:
         self.start_cycle()
         means = {name: total / count if count > 0 else math.nan for name, (total, count) in totals.items()}
         for controller in self.controllers.values():
-            if controller.cadence != "cycle":  # moved at every micro-batch, inside the loss step
-                continue
-            mean = means[controller.statistic]
-            if math.isfinite(mean):
-                controller.update(mean, step)
-            else:  # no valid token on any rank, or a non-finite statistic: hold the controller where it is
-                warnings.warn(
-                    f"generation cycle ending at optimizer step {step}: the {controller.statistic} statistic is "
-                    f"{mean}; controller {controller.name!r} keeps its value",
-                    stacklevel=3,
-                )
+            if controller.cadence == "cycle":  # the others move at every micro-batch, inside the loss step
+                update_or_hold(controller, means[controller.statistic], step, "the generation cycle ending at")
 
     def world_statistics(self) -> dict[str, list[float]]:
         """The current cycle's ``[Σ m·statistic, Σ m]`` per statistic, summed over all ranks (collective)."""

@@ -14,8 +14,6 @@ current generation cycle travel in every checkpoint (``trainer_state.json``), pu
 ``resume_from_checkpoint``, also in the middle of a cycle.
 """
 
-import math
-import warnings
 from typing import ClassVar
 
 import torch
@@ -340,20 +338,8 @@ class EntropyGRPOTrainer(TRLBridge):
     def move_micro_batch_controllers(self, batch: CompletionBatch) -> None:
         """Training only: every controller of cadence ``"micro_batch"`` takes the token mean of its statistic over
         this micro-batch on every rank (one all-reduce), before the regularisers read it."""
-        if batch.mode != "train":
-            return
-        step = self.state.global_step + 1
-        for name, (total, count) in self.controller_cycle.micro_batch_statistics(batch).items():
-            mean = total / count if count > 0 else math.nan
-            controller = self.controllers[name]
-            if math.isfinite(mean):
-                controller.update(mean, step)
-            else:  # no valid token on any rank, or a non-finite statistic: hold it, as the cycle holds its own
-                warnings.warn(
-                    f"a micro-batch of optimizer step {step}: the {controller.statistic} statistic over every rank's "
-                    f"valid tokens is {mean}; controller {name!r} keeps its value",
-                    stacklevel=3,
-                )
+        if batch.mode == "train":
+            self.controller_cycle.update_micro_batch(batch, self.state.global_step + 1)
 
     def add_regularisers(self, batch, loss, policy_loss, router_loss) -> torch.Tensor:
         """TRL's entropy bonus, the parts' regularisers and the MoE load-balancing loss, each a token mean of the
