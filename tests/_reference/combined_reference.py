@@ -1,6 +1,6 @@
 """One training loss step of methods combined, in float64, written from the papers' formulas (not from the trainers):
-the axes in their order, group baseline → per-token advantage → surrogate (its clip bound) → stop-gradient gates →
-the DAPO aggregation (one micro-batch: the token mean) → entropy regulariser.
+the axes in their order, group baseline → rollout rejection → per-token advantage → surrogate (its clip bound) →
+stop-gradient gates → the DAPO aggregation (one micro-batch: the token mean) → entropy regulariser.
 
 ``names`` are registry names; ``s`` holds the settings of the run (``epsilon`` (ε_low), ``epsilon_high`` and each
 selected method's options).
@@ -43,6 +43,23 @@ def group_advantages(rewards, names, s):
     else:
         baseline = rewards.mean()
     return ((rewards - baseline) / (rewards.std() + 1e-4)).unsqueeze(1)
+
+
+def rollout_rejection(rewards, advantages, old_entropy, mask, names, s):
+    """Entrocraft (arXiv:2604.26326), with a fixed band ``[L, U]``: the rollout policy's token-mean entropy ``H̄``
+    above ``U`` rejects the negative rollouts, below ``L`` the positive ones. The authors' code takes
+    ``max(R − b₀, 0)`` or ``min(R − b₀, 0)`` of the raw reward there (``entrocraft``); the sign form zeroes the
+    advantages of the rejected sign (``entrocraft_sign``)."""
+    if "entrocraft" not in names and "entrocraft_sign" not in names:
+        return advantages
+    mean_entropy = float((old_entropy * mask).sum() / mask.sum())
+    above, below = mean_entropy > s["entrocraft_upper_start"], mean_entropy < s["entrocraft_lower_start"]
+    if not (above or below):
+        return advantages
+    if "entrocraft" in names:
+        shifted = (rewards.double() - s.get("entrocraft_reward_offset", 0.0)).unsqueeze(1)
+        return shifted.clamp(min=0) if above else shifted.clamp(max=0)
+    return advantages * ((advantages >= 0) if above else (advantages <= 0))
 
 
 def token_advantages(advantages, log_probs, entropy, names, s):
@@ -145,10 +162,11 @@ def combined_loss(model, inputs, rewards, names, s):
     log_probs, entropy, logits = scores(model, inputs)
     mask = inputs["completion_mask"].double()
     old_log_probs = inputs["old_per_token_logps"].double()
+    old_entropy = inputs["old_entropy"].double()
     sequence_advantages = group_advantages(rewards, names, s)
+    sequence_advantages = rollout_rejection(rewards, sequence_advantages, old_entropy, mask, names, s)
     advantages = token_advantages(sequence_advantages, log_probs, entropy, names, s)
     per_token_loss = surrogate(log_probs, old_log_probs, advantages, mask, names, s)
-    old_entropy = inputs["old_entropy"].double()
     per_token_loss = gates(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, names, s)
     loss = (per_token_loss * mask).sum() / mask.sum()
     return loss + regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, names, s)

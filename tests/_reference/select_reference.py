@@ -1,6 +1,10 @@
-"""The clamp threshold search as it was before the fixed-pass loop (its host reads every pass), kept as a second
-reference for the tests of ``trl_entropy.kernels._select``: a threshold ``t`` with ``count(z <= t) == k``, or with ties
-the k-th smallest value itself.
+"""References for the clamp's threshold.
+
+* ``kth_smallest_threshold``: the PyTorch path's search as it was before the fixed-pass loop (its host reads every
+  pass), a second reference for the tests of ``trl_entropy.kernels._select``: a threshold ``t`` with
+  ``count(z <= t) == k``, or with ties the k-th smallest value itself.
+* ``sort_keys``, ``threshold_keys`` and ``first_bucket_sizes``: the Triton path's threshold in its key order, from
+  ``torch.kthvalue``, for the tests of its radix select.
 """
 
 from __future__ import annotations
@@ -112,3 +116,24 @@ def kth_smallest_threshold(
 
 def _fallback(z: torch.Tensor, k: int, thr: torch.Tensor, rows: torch.Tensor) -> None:
     thr[rows] = torch.kthvalue(z.index_select(0, rows), k, dim=1).values
+
+
+def sort_keys(z: torch.Tensor) -> torch.Tensor:
+    """int64 keys of fp32 ``z`` whose integer order is the float order: the bits as int32, with the 31 low bits
+    flipped for negative values (-0.0 sorts just below +0.0)."""
+    bits = z.contiguous().view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def threshold_keys(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row, the key of the Triton kernel's threshold: the k-th smallest value's (``torch.kthvalue``), or one below
+    the row maximum's when the k-th smallest is the maximum (the max is always kept)."""
+    kth = sort_keys(torch.kthvalue(z, k, dim=1).values)
+    return torch.minimum(kth, sort_keys(z.amax(1)) - 1)
+
+
+def first_bucket_sizes(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row, the entries whose first radix digit (the key's top 11 bits) is the k-th smallest entry's: the
+    candidates the kernel writes to its scratch row."""
+    kth = sort_keys(torch.kthvalue(z, k, dim=1).values)
+    return ((sort_keys(z) >> 21) == (kth >> 21).unsqueeze(1)).sum(1)

@@ -28,9 +28,11 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 import zlib
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,18 +43,23 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from _support.grpo import toy_config  # noqa: E402
 from _support.process import lighten  # noqa: E402
 from _support.rounding import ControllerBounds, check, check_per_update  # noqa: E402
-from trl_entropy.core.parts import MethodPart  # noqa: E402
 from trl_entropy.methods import METHODS  # noqa: E402
 
 
-# The methods with a controller: their parts build controllers, the base builds none.
-ADAPTIVE_METHODS = tuple(
-    name
-    for name, method in METHODS.items()
-    if any(part.controllers is not MethodPart.controllers for part in method.config_class.method_parts)
-)
+def default_controllers(method) -> list:
+    """The controllers ``method``'s parts build under its registry settings (a part may build one only under some)."""
+    with warnings.catch_warnings():  # the on-policy warnings of the default layout: no training follows here
+        warnings.simplefilter("ignore")
+        args = toy_config(method.config_class, **method.defaults)
+    trainer = SimpleNamespace(args=args, num_iterations=args.num_iterations)
+    return [controller for part in args.method_parts for controller in part(trainer).controllers()]
+
+
+# The methods with a controller: their parts build controllers under their registry settings, the base builds none.
+ADAPTIVE_METHODS = tuple(name for name, method in METHODS.items() if default_controllers(method))
 # The methods that read the rollout policy's entropy: they act only off-policy (where the rollout policy differs from
 # the one being trained), so their runs here take two updates per generation batch.
 ROLLOUT_ENTROPY_METHODS = tuple(

@@ -156,5 +156,11 @@ def test_a_field_left_at_its_default_takes_the_default_a_selected_method_gives_i
     assert getattr(config, field) == expected
     assert getattr(EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True), field) != expected  # not the base's
     given = {"epsilon_high": 0.3, "repo_variant": "R", "entropy_coef": 2e-3}[field]
-    config = EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_control=names, **{field: given})
-    assert getattr(config, field) == given  # a value set is kept
+    options = dict(output_dir=str(tmp_path), use_cpu=True, entropy_control=names, **{field: given})
+    if field == "repo_variant":  # a name that stands for a choice refuses another, naming the name that stands for it
+        with pytest.raises(
+            ValueError, match="names 'repo_d', which stands for repo_variant='D'.*name 'repo_r' instead"
+        ):
+            EntropyGRPOConfig(**options)
+        return
+    assert getattr(EntropyGRPOConfig(**options), field) == given  # a value set is kept

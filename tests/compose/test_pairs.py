@@ -22,12 +22,14 @@ from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import METHODS, combination
 from trl_entropy.methods.compose import controls_entropy
+from trl_entropy.methods.spec import Place
 
 
 NAMES = [name for name, entry in METHODS.items() if controls_entropy(entry)]
 PAIRS = list(itertools.combinations(NAMES, 2))
 # Written out from the axes (docs/composing.md), not read from the code: the pairs refused, with what the message says.
 SAME_AXIS = {
+    "group baseline": ("qae", "entrocraft"),
     "per-token advantage": ("repo_r", "repo_d", "ent_adv"),
     "surrogate": ("kl_cov", "ce_gppo"),
     "entropy regulariser": ("entreg", "aent", "entropic"),
@@ -40,6 +42,8 @@ REFUSED = {
         for pair in itertools.combinations(names, 2)
     },
     **{pair: "replaces that clip by its own surrogate" for pair in NO_CLIP},
+    # Two names of one method, each standing for another variant.
+    ("entrocraft", "entrocraft_sign"): "set entrocraft_variant to different defaults",
 }
 VALID = [pair for pair in PAIRS if pair not in REFUSED]
 
@@ -78,6 +82,10 @@ SETTINGS = dict(
     erc_low=0.95,
     erc_high=1.05,
     steer_weight_min=0.8,
+    # Entrocraft's band [0, 0]: every batch's entropy is above it, so the negative rollouts are rejected.
+    entrocraft_shape="fixed",
+    entrocraft_lower_start=0.0,
+    entrocraft_upper_start=0.0,
     entropy_coef=0.1,
     aent_coef_init=0.1,
     aent_coef_max=1.0,
@@ -85,6 +93,10 @@ SETTINGS = dict(
     entropic_kp=0.5,
     entropic_target=0.1,
 )
+
+
+# The places that act once per generation batch, from the rewards: the trainer's generation tail applies them.
+GENERATION_PLACES = {Place.GROUP_BASELINE, Place.ROLLOUT_REJECTION}
 
 
 def widest_gap(values: torch.Tensor) -> tuple[float, int]:
@@ -157,7 +169,7 @@ def test_one_loss_step_equals_the_float64_components_in_axis_order(
     assert type(trainer) is combination(list(names)).trainer_class
     inputs = dict(batch)
     inputs["advantages"] = reference.group_advantages(REWARDS, (), SETTINGS).squeeze(1).float()  # TRL's, made by TRL
-    if "qae" in names:  # the baseline is the trainer's: through its generation tail, from the rewards
+    if any(set(METHODS[name].acts_on) & GENERATION_PLACES for name in names):  # through the generation tail
         trainer.on_rewards(REWARDS.unsqueeze(1))
         inputs = trainer.finish_generation_batch(inputs, rows=len(REWARDS))
     our_loss, our_grads = loss_and_gradients(trainer, inputs)

@@ -7,9 +7,11 @@ from _support.tiers import mark_tier
 FILES = {
     "test_kernel.py": "pure",
     "test_kernel_triton.py": "pure",
+    "test_kernel_radix_select.py": "pure",
 }
 LAUNCHES = {
     "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
+    "test_kernel_radix_select.py": {"test_radix_select_under_the_interpreter"},
 }
 
 

@@ -348,3 +348,260 @@ def test_train_logs_aent_metrics(warm_toy_policy_path, tmp_path):
     rise = E2E["aent_coef_lr"] * (E2E["aent_entropy_low"] - math.log(vocab))
     assert coefs[0] >= E2E["aent_coef_init"] + rise and coefs[1] >= coefs[0] + rise
     assert coefs[-1] == trainer.aent_coef
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A scheduled band and box (docs/aent.md, "Scheduled band and box"): the bounds move, λ stays the controller's state
+# and is applied inside the box of each step
+# ---------------------------------------------------------------------------------------------------------------------
+
+BOUND_NAMES = ("aent_entropy_low", "aent_entropy_high", "aent_coef_min", "aent_coef_max")
+
+
+def reference_bound(kind, s, start, final, w, decay, total):
+    """A scheduled bound in float64: its start value through the warm-up, then linear or cosine to its final."""
+    if final is None or s < w:
+        return start
+    d = total - w if decay is None else decay
+    u = min(max((s - w) / max(d, 1), 0.0), 1.0)
+    return (
+        start + (final - start) * u
+        if kind == "linear"
+        else final + (start - final) * 0.5 * (1 + math.cos(math.pi * u))
+    )
+
+
+def reference_bounds(options, s, total):
+    """``(H_low, H_high, λ_min, λ_max)`` at clock ``s`` of ``total`` for the config ``options``."""
+    kind, w = options["aent_schedule"], options.get("aent_schedule_warmup_steps", 0)
+    decay = options.get("aent_schedule_decay_steps")
+    defaults = dict(aent_entropy_low=0.05, aent_entropy_high=0.23, aent_coef_min=1e-5, aent_coef_max=3e-3)
+    return tuple(
+        reference_bound(kind, s, options.get(name, defaults[name]), options.get(f"{name}_final"), w, decay, total)
+        for name in BOUND_NAMES
+    )
+
+
+# The worked example's timing (S = 1000, w = 100): the band from [0.05, 0.23] to [0.02, 0.1], λ_max from 3e-3 to 0.
+WORKED = dict(aent_entropy_low_final=0.02, aent_entropy_high_final=0.1, aent_coef_max_final=0.0)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+@pytest.mark.parametrize("decay", [None, 450])
+def test_the_band_and_box_at_each_step_are_the_formula(kind, decay, tmp_path):
+    from trl_entropy.methods.aent import AENT_BOUNDS
+
+    options = dict(aent_schedule=kind, aent_schedule_warmup_steps=100, aent_schedule_decay_steps=decay, **WORKED)
+    config = make_config(tmp_path, aent_coef_min=0.0, aent_coef_init=0.0, **options)
+    options["aent_coef_min"] = 0.0
+    for s in [0, 1, 50, 99, 100, 101, 325, 550, 775, 999, 1000, 1200]:
+        got = tuple(AENT_BOUNDS.values(config, s, 1000, num_iterations=1).values())
+        assert got == pytest.approx(reference_bounds(options, s, 1000), rel=1e-12, abs=1e-15), s
+    # Numbers by hand: linear, halfway through the decay (s = 550 of D = 900) the band is [0.035, 0.165].
+    if kind == "linear" and decay is None:
+        assert tuple(AENT_BOUNDS.values(config, 550, 1000, 1).values())[:2] == pytest.approx((0.035, 0.165))
+        assert AENT_BOUNDS.values(config, 999, 1000, 1)["aent_coef_max"] == pytest.approx(3e-3 / 900)
+
+
+def test_the_generation_cycle_clock_moves_the_bounds_once_per_cycle(tmp_path):
+    """Three optimizer steps per cycle (steps_per_generation 3, accumulation 1): the clock is floor(s / 3) of 4."""
+    from trl_entropy.methods.aent import AENT_BOUNDS
+
+    options = dict(aent_schedule="linear", aent_entropy_low_final=0.01)
+    config = make_config(tmp_path, entropy_schedule_unit="generation_cycle", steps_per_generation=3, **options)
+    lows = [AENT_BOUNDS.values(config, s, 12, 1)["aent_entropy_low"] for s in range(7)]
+    expected = [reference_bounds(options, s // 3, 4)[0] for s in range(7)]
+    assert lows == pytest.approx(expected, rel=1e-12) and lows[0] == lows[2] != lows[3]
+
+
+def test_an_unknown_run_length_needs_the_decay_steps(tmp_path):
+    from trl_entropy.methods.aent import AENT_BOUNDS
+
+    config = make_config(tmp_path, aent_schedule="linear", aent_coef_max_final=1e-3)
+    with pytest.raises(ValueError, match="aent_schedule_decay_steps"):
+        AENT_BOUNDS.values(config, 3, -1, 1)
+    config = make_config(tmp_path, aent_schedule="linear", aent_coef_max_final=1e-3, aent_schedule_decay_steps=10)
+    assert AENT_BOUNDS.values(config, 5, -1, 1)["aent_coef_max"] == pytest.approx(3e-3 + (1e-3 - 3e-3) * 0.5)
+
+
+def test_the_coefficient_is_clamped_into_the_box_and_the_update_uses_the_steps_band():
+    controller = AEntController(coef=0.02, **BAND)
+    # Evaluation reads: λ in the box, nothing taken.
+    assert controller.coef_in((0.0, 1.0, 1e-3, 5e-3), keep=False) == 5e-3
+    assert controller.value == 0.02 and (controller.low, controller.coef_max) == (BAND["low"], BAND["coef_max"])
+    assert controller.coef_in((0.0, 1.0, 0.03, 0.05), keep=False) == 0.03  # raised to λ_min
+    # Training takes the step's band and box and the clamped λ; the update at that step uses them.
+    step_bounds = (0.4, 0.6, 1e-3, 8e-3)
+    assert controller.coef_in(step_bounds, keep=True) == 8e-3 == controller.value
+    controller.update(0.1, step=3)  # below the step's band: rises by α(0.4 − 0.1), clipped to the step's λ_max
+    assert controller.value == 8e-3
+    controller.coef_in((0.4, 0.6, 1e-3, 1.0), keep=True)
+    controller.update(0.1, step=4)
+    assert controller.value == pytest.approx(reference_step(8e-3, 0.1, 0.4, 0.6, BAND["lr"], 1e-3, 1.0), rel=1e-12)
+    controller.update(0.7, step=5)  # above the band: falls by α(0.7 − 0.6), not by α(0.7 − 0.23) of the config's
+    assert controller.value == pytest.approx(8e-3 + 0.3e-3 - 0.1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"aent_coef_max_final": 1e-3}, "aent_coef_max_final=0.001 would be ignored: aent_schedule='constant'"),
+        ({"aent_schedule_warmup_steps": 5}, "aent_schedule_warmup_steps=5 would be ignored"),
+        ({"aent_schedule": "cosine"}, "aent_schedule='cosine' moves nothing: set a final value.*aent_coef_max_final"),
+        (
+            {"aent_schedule": "linear", "aent_coef_max_final": 1e-3, "aent_adaptive": False},
+            "aent_adaptive=False leaves unused",
+        ),
+        ({"aent_schedule": "linear", "aent_entropy_low_final": 0.1, "aent_adaptive": False}, "aent_adaptive"),
+        ({"aent_schedule": "linear", "aent_entropy_low_final": 0.3}, "aent_entropy_low_final=0.3 is above aent_ent"),
+        (
+            {"aent_schedule": "linear", "aent_entropy_low_final": 0.2, "aent_entropy_high_final": 0.1},
+            "aent_entropy_low_final=0.2 is above aent_entropy_high_final=0.1",
+        ),
+        ({"aent_schedule": "cosine", "aent_coef_max_final": 1e-6}, "aent_coef_min=1e-05 is above aent_coef_max_final"),
+        ({"aent_schedule": "linear", "aent_coef_min_final": 4e-3}, "aent_coef_min_final=0.004 is above aent_coef_max"),
+    ],
+)
+def test_a_bad_band_or_box_schedule_is_refused_naming_its_fields(options, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        make_config(tmp_path, **options)
+
+
+def test_a_band_and_box_schedule_in_order_at_both_ends_is_accepted(tmp_path):
+    make_config(
+        tmp_path,
+        aent_schedule="cosine",
+        aent_entropy_low_final=0.3,  # the band moves up past the old H_high, in order at both ends
+        aent_entropy_high_final=0.5,
+        aent_coef_min_final=0.0,
+        aent_coef_max_final=1e-5,
+        aent_schedule_warmup_steps=3,
+        aent_schedule_decay_steps=7,
+    )
+
+
+# A run of four steps of two-step cycles (num_iterations 2: updates at steps 2 and 4, tests/_support/resume.py). The
+# clamped entropy is at most log(33) ≈ 3.5 < H_low at every step, whatever is sampled, so λ rises at each update by
+# α(H_low(s) − H̄), between 0.00225 and 0.00575 at the first one: λ_max(1) = 0.016 leaves it free (the band of its step
+# decides), λ_max(2) = 0.012 clamps it at the next cycle's start, and λ_max(3) = 0.008 caps the second update.
+SCHEDULED_RUN = dict(
+    aent_schedule="linear",
+    aent_entropy_low=6.0,
+    aent_entropy_low_final=5.0,
+    aent_entropy_high=7.0,
+    aent_entropy_high_final=6.0,
+    aent_coef_init=0.01,
+    aent_coef_lr=1e-3,
+    aent_coef_min=0.0,
+    aent_coef_min_final=0.004,
+    aent_coef_max=0.02,
+    aent_coef_max_final=0.004,
+)
+
+
+def scheduled_run(path, output_dir, resume_from=None, **changes):
+    from _support.distributed_run import ControllerRecorder, make_trainer, ranked_reward
+    from _support.resume import STEPS
+
+    options = {**SCHEDULED_RUN, "max_steps": STEPS, **changes}
+    trainer = make_trainer(
+        "aent",
+        path,
+        str(output_dir),
+        rollout=None,
+        reward=ranked_reward,
+        per_device_train_batch_size=16,
+        num_iterations=2,
+        save_strategy="steps",
+        save_steps=1,
+        **options,
+    )
+    recorder = ControllerRecorder.attached_to(trainer)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer, recorder
+
+
+@pytest.fixture(scope="module")
+def straight_scheduled_run(warm_toy_policy_path, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("aent_scheduled")
+    trainer, recorder = scheduled_run(warm_toy_policy_path, output_dir)
+    return output_dir, trainer, recorder
+
+
+def logged_by_step(trainer, key):
+    return {entry["step"]: entry[key] for entry in trainer.state.log_history if key in entry and "step" in entry}
+
+
+def test_the_coefficient_follows_the_float64_replay_with_each_steps_band_and_box(straight_scheduled_run):
+    _, trainer, recorder = straight_scheduled_run
+    (means,) = recorder.statistics.values()  # H̄ of the updates at steps 2 and 4
+    assert len(means) == 2 and all(mean < 3.6 for mean in means)  # below H_low at every step by construction
+    coef, expected, update = SCHEDULED_RUN["aent_coef_init"], {}, iter(means)
+    for step in range(1, 5):
+        low, high, coef_min, coef_max = reference_bounds(SCHEDULED_RUN, step - 1, 4)  # the step's clock: s = step − 1
+        coef = min(max(coef, coef_min), coef_max)  # the box at the step's start
+        if step % 2 == 0:  # the step that ends the cycle: eq. 4.1 with the step's band, then the step's box
+            mean = next(update)
+            coef = coef - SCHEDULED_RUN["aent_coef_lr"] * (min(0.0, mean - low) + max(0.0, mean - high))
+            coef = min(max(coef, coef_min), coef_max)
+        expected[step] = coef
+    assert logged_by_step(trainer, "aent/coef") == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert recorder.values == pytest.approx(list(expected.values()), rel=1e-9, abs=1e-15)
+    # The construction holds: the first update is inside the box, the next cycle's start and the second update clamp.
+    assert 0.012 < expected[2] < 0.016 and expected[3] == pytest.approx(0.012) and expected[4] == pytest.approx(0.008)
+    for name, key in zip(BOUND_NAMES, ("aent/h_low", "aent/h_high", "aent/coef_min", "aent/coef_max"), strict=True):
+        index = BOUND_NAMES.index(name)
+        formula = {step: reference_bounds(SCHEDULED_RUN, step - 1, 4)[index] for step in range(1, 5)}
+        assert logged_by_step(trainer, key) == pytest.approx(formula, rel=1e-12), key
+
+
+def test_a_resumed_scheduled_run_continues_the_coefficient_and_band_sequences(
+    straight_scheduled_run, warm_toy_policy_path, tmp_path
+):
+    """Resumed inside the first cycle: the same λ (its statistic summed again over the restored cycle, to rounding)
+    and exactly the same band and box, a function of the restored step."""
+    from _support.resume import CHECKPOINT
+
+    output_dir, straight, straight_recorder = straight_scheduled_run
+    checkpoint = str(output_dir / f"checkpoint-{CHECKPOINT}")
+    resumed, recorder = scheduled_run(warm_toy_policy_path, tmp_path, checkpoint)
+    assert recorder.values == pytest.approx(straight_recorder.values[CHECKPOINT:], rel=1e-6, abs=1e-12)
+    for key in ("aent/coef", "aent/h_low", "aent/h_high", "aent/coef_min", "aent/coef_max"):
+        later = {step: value for step, value in logged_by_step(straight, key).items() if step > CHECKPOINT}
+        got = {step: value for step, value in logged_by_step(resumed, key).items() if step > CHECKPOINT}
+        assert sorted(got) == [2, 3, 4]
+        assert got == (pytest.approx(later, rel=1e-6, abs=1e-12) if key == "aent/coef" else later), key
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [({"aent_entropy_low_final": 4.0}, "aent_entropy_low_final: 5.0 → 4.0"), ({"max_steps": 6}, "max_steps: 4 → 6")],
+)
+def test_a_changed_band_schedule_on_resume_is_named(
+    changed, named, straight_scheduled_run, warm_toy_policy_path, tmp_path
+):
+    output_dir = straight_scheduled_run[0]
+    with pytest.warns(UserWarning, match=named):
+        scheduled_run(warm_toy_policy_path, tmp_path, str(output_dir / "checkpoint-3"), **changed)
+
+
+def test_evaluation_reads_the_steps_box_and_changes_nothing(toy_model_path, toy_tokenizer, tmp_path):
+    options = dict(SCHEDULED_RUN, aent_coef_init=0.01)
+    trainer = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path, **options)
+    trainer.state.max_steps, trainer.state.global_step = 4, 2  # λ_max(2) = 0.012
+    controller = trainer.controllers["aent"]
+    controller.value = 0.5  # above every box of the run: what evaluation must clamp and leave as it is
+    before = dict(vars(controller))
+    inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), seed=7)
+    trainer.model.eval()
+    with torch.no_grad():
+        outside = trainer.compute_loss(trainer.model, dict(inputs))
+        controller.value = 0.012
+        at_the_cap = trainer.compute_loss(trainer.model, dict(inputs))
+        controller.value = 0.0
+        without = trainer.compute_loss(trainer.model, dict(inputs))
+    torch.testing.assert_close(outside, at_the_cap, rtol=0, atol=0)  # λ applied: the step's λ_max
+    assert abs(outside - without) > 1e-3  # the bonus counts: the comparison is not vacuous
+    controller.value = 0.5
+    assert vars(controller) == before
+    assert not any(key.startswith("aent/") for mode in ("train", "eval") for key in trainer._metrics[mode])

@@ -1,6 +1,7 @@
 """docs/adding_a_method.md is true: its list of the loss step's steps is the code's, and its walk-through method,
-shipped into a copy of the package by the page's own "Shipping it" steps, is registered, parsed from the command line
-and trained combined with a method of another axis."""
+shipped into a copy of the package and its docs by the page's own "Shipping it" steps, is registered, written into the
+docs' lists of methods by the page's command, parsed from the command line and trained combined with a method of
+another axis."""
 
 import inspect
 import json
@@ -70,17 +71,39 @@ def ship_into(package: Path, page: str, name: str) -> None:
     registry.write_text(text)
 
 
-# Run in the copy: the method is registered and public, --method names it alone and combined, and a combination with
-# a method of another axis (OTHER, a method of the advantages' axis) trains, each method logging its own metric.
+def docs_command(page: str) -> list[str]:
+    """The arguments of the command "Shipping it" runs to write the method into the docs' lists."""
+    step = page.split("## Shipping it", 1)[1]
+    (arguments,) = re.findall(r"`python docs/tables\.py (--\w+)`: it writes", step)
+    return [arguments]
+
+
+def ship_docs_into(root: Path, page: str, name: str) -> None:
+    """Follow the page's step 5 for the method ``name`` in a copy of README.md and docs/: its page, with its section on
+    loss types."""
+    shutil.copytree(ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("*.png", "__pycache__"))
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    (root / "docs" / f"{name}.md").write_text(f"# {name}\n\n## Loss types\n\nEvery loss type.\n")
+
+
+# Run in the copy: the docs' generator, as "Shipping it" runs it, writes the method into every list, after which the
+# lists are up to date; the method is registered and public, --method names it alone and combined, and a combination
+# with a method of another axis (OTHER, a method of the advantages' axis) trains, each method logging its own metric.
 SCRIPT = """
-import json, sys
+import contextlib, io, json, os, runpy, sys
 import trl_entropy
 from trl_entropy.methods import FIELD_OWNERS, METHODS, combination
 from trl_entropy.scripts.train_arguments import parse_arguments
 from trl_entropy.toy import build_toy_dataset, build_toy_policy, toy_reward
 
-_, toy_cache, output_dir, other = sys.argv
+_, toy_cache, output_dir, other, docs_arguments = sys.argv
 assert trl_entropy.__file__.startswith(sys.path[0]), trl_entropy.__file__
+generator = runpy.run_path(os.path.join(os.getcwd(), "docs", "tables.py"))  # the copy's
+with contextlib.redirect_stderr(io.StringIO()) as before:
+    stale_before = generator["main"](["--check"])
+with contextlib.redirect_stdout(io.StringIO()) as written:
+    write = generator["main"](json.loads(docs_arguments))
+stale_after = generator["main"](["--check"])
 floor = METHODS["floor"]
 assert floor.trainer_class is trl_entropy.EntropyFloorTrainer and FIELD_OWNERS["floor_gain"] == ["floor"]
 _, script_args, training_args, _ = parse_arguments(
@@ -112,6 +135,7 @@ trainer = trl_entropy.EntropyGRPOTrainer(
 trainer.train()
 logged = {key for entry in trainer.state.log_history for key in entry}
 print(json.dumps({
+    "docs": [stale_before, before.getvalue().splitlines(), write, written.getvalue().splitlines(), stale_after],
     "parts": [part.key for part in trainer.parts],
     "coef": trainer.controllers["floor"].value,
     "logged": sorted(key for key in logged if key.startswith(("floor/", f"{other}/"))),
@@ -125,9 +149,11 @@ def test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined(tm
     shutil.copytree(ROOT / "trl_entropy", copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "methods" / "floor.py").write_text(walk_through_module(page))
     ship_into(copy, page, "floor")
+    ship_docs_into(tmp_path, page, "floor")
     environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    command = [TOY_CACHE, str(tmp_path / "run"), OTHER.key, json.dumps(docs_command(page))]
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), TOY_CACHE, str(tmp_path / "run"), OTHER.key],
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), *command],
         cwd=tmp_path,
         env=environment,
         capture_output=True,
@@ -135,6 +161,15 @@ def test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined(tm
     )
     assert result.returncode == 0, result.stderr[-4000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    stale_before, stale_regions, write, written, stale_after = outcome["docs"]
+    # Every list of methods was stale until the page's command wrote the method in, and is up to date after it.
+    assert stale_before == 1 and write == 0 and stale_after == 0, outcome["docs"]
+    regions = {line.removeprefix("wrote ") for line in written}
+    assert {line.removeprefix("stale: ") for line in stale_regions[:-1]} == regions
+    assert {"README.md: trainers", "README.md: method-names", "docs/README.md: method-pages"} <= regions
+    readme = (tmp_path / "README.md").read_text()
+    assert "| `EntropyFloorTrainer` | [floor](docs/floor.md) |" in readme
+    assert re.search(r"^`--method [\w|]+\|floor`$", readme, re.MULTILINE)  # the last name, as it is last in SPECS
     assert outcome["parts"] == [OTHER.key, "floor"]  # in axis order: advantages, then the regulariser
     assert outcome["coef"] > 0  # the floor's controller moved: its part ran beside the other method's
     assert outcome["logged"] == sorted([*(metric.key for metric in OTHER.metrics), "floor/coef"])

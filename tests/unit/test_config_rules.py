@@ -9,12 +9,14 @@
 import dataclasses
 import math
 import re
+import sys
 
 import pytest
 import yaml
 from _support.grpo import toy_config
 from trl import GRPOConfig, TrlParser
 
+from trl_entropy.core.bounds import ScheduledBounds
 from trl_entropy.core.config import FIELD_RULES, STRICTER, TRL_FIELD_RULES, Range, Rule, config_field, field_rule
 from trl_entropy.methods import SPECS
 
@@ -185,6 +187,12 @@ def own_settings(config_class) -> dict[str, str]:
             settings[f.name] = rule.choices[-1]
     if settings.get("entropy_coef_schedule", "constant") != "constant":  # a decaying schedule needs its final value
         settings["entropy_coef_final"] = "0.0"
+    # A method's scheduled bounds (declared beside its config): a moving schedule needs a final value and its flag.
+    for bounds in vars(sys.modules[config_class.__module__]).values():
+        if isinstance(bounds, ScheduledBounds) and settings.get(bounds.kind, "constant") != "constant":
+            last = bounds.bounds[-1]
+            settings[f"{last}_final"] = str(config_class.__dataclass_fields__[last].default)
+            settings[bounds.needs] = "True"
     return settings
 
 

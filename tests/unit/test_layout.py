@@ -277,6 +277,7 @@ def test_no_class_swaps_itself_and_no_module_answers_for_missing_names():
 # The seam of MethodPart that each place of the loss step is filled through.
 SEAMS = {
     Place.GROUP_BASELINE: "group_baseline",
+    Place.ROLLOUT_REJECTION: "reject_rollouts",
     Place.ADVANTAGES: "token_advantages",
     Place.SURROGATE: "surrogate",
     Place.GATES: "gate",

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.core.schedules import Schedule, schedule_clock
+from trl_entropy.core.schedules import Schedule, bound_schedule, schedule_clock
 
 
 # The worked example: c_0 = 0.02 → c_1 = 0 over S = 1000 steps, warm-up w = 100 from 0 (values to 4 decimals).
@@ -101,3 +101,16 @@ def test_a_schedule_from_zero_still_has_a_bonus_and_a_constant_one_does_not_move
 def test_a_bad_schedule_is_refused_naming_its_fields(options, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         EntropyGRPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_coef=0.01, **options)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_a_bound_holds_its_value_through_the_warm_up_then_follows_the_formula(kind):
+    """A bound has no warm-up start of its own: c_w = c_0; None as its final value keeps it fixed."""
+    schedule = bound_schedule(kind, start=0.02, final=0.0, warmup_steps=100, decay_steps=None)
+    for s in range(0, 1100, 25):
+        assert schedule.value(s, 1000) == pytest.approx(
+            reference(kind, s, 0.02, 0.0, 100, 0.02, None, 1000), abs=1e-15
+        )
+    assert [schedule.value(s, 1000) for s in (0, 50, 99, 100)] == [0.02] * 4
+    assert [round(schedule.value(s, 1000), 4) for s in (325, 550, 775)] == WARMED[kind][3:6]
+    assert bound_schedule(kind, 0.3, None, 100, None).value(550, 1000) == 0.3

@@ -90,13 +90,14 @@ def method_name(trainer) -> str:
 
 def run_settings(args) -> dict:
     """The settings a checkpoint records to compare on resume: GRPOConfig's and the selected methods' fields (JSON
-    scalars; the methods themselves are compared by name), and the batch layout."""
+    scalars; the methods themselves are compared by name), the batch layout, and ``max_steps`` where a selected
+    method's config reads it (``reads_max_steps``)."""
     skip = {f.name for f in fields(TrainingArguments)} - set(LAYOUT_FIELDS) | {"entropy_control"}
     names = {f.name for f in fields(EntropyGRPOBaseConfig)}
     names |= {f.name for _, config_class in args.method_configs() for f in fields(config_class)}
     values = {name: getattr(args, name, None) for name in sorted(names) if name not in skip}
-    if args.entropy_schedule().moves:  # the schedule's clock runs to max_steps: a new one moves every later value
-        values["max_steps"] = args.max_steps
+    if any(config_class.reads_max_steps(args) for _, config_class in args.method_configs()):
+        values["max_steps"] = args.max_steps  # a schedule's clock runs to max_steps: a new one moves every later value
     return {
         name: value for name, value in values.items() if value is None or isinstance(value, (bool, int, float, str))
     }

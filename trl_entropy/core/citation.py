@@ -8,13 +8,15 @@ from .trl.bridge import grpo_citation, set_model_card
 
 @dataclass(frozen=True)
 class Paper:
-    """A method's paper: its BibTeX key, title, arXiv id, year and (where known) authors."""
+    """A method's paper: its BibTeX key, title, arXiv id, year, (where known) authors, and a ``note`` that
+    docs/references.md prints after the arXiv id (its venue, the titles of other versions)."""
 
     bibtex_key: str
     title: str
     arxiv_id: str
     year: int
     authors: str | None = None
+    note: str | None = None
 
     @property
     def bibtex(self) -> str:

@@ -20,13 +20,15 @@ logger = logging.get_logger(__name__)
 @dataclass(frozen=True)
 class Range:
     """The numbers a field accepts: from ``low`` to ``high``, ``ends`` saying which ends belong ("[]", "[)", "(]" or
-    "()"). ``integer``: ints only. ``finite``: infinities refused. Bools and NaN are never numbers here."""
+    "()"). ``integer``: ints only. ``finite``: infinities refused. Bools and NaN are never numbers here.
+    ``unbounded_because``: why every finite number is valid, for a range without ends on purpose."""
 
     low: float = -math.inf
     high: float = math.inf
     ends: str = "[]"
     integer: bool = False
     finite: bool = True
+    unbounded_because: str = ""
 
     def holds(self, value) -> bool:
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
@@ -353,6 +355,13 @@ class EntropyGRPOBaseConfig(GRPOConfig):
             warmup_start=self.entropy_coef_warmup_start,
             decay_steps=self.entropy_coef_decay_steps,
         )
+
+    def reads_max_steps(self) -> bool:
+        """Whether a value of the run follows its length, ``max_steps`` (a schedule that runs to the last step): a
+        checkpoint then records ``max_steps``, and a resume with another one is named. A method config whose values
+        follow it extends this, calling ``EntropyGRPOBaseConfig.reads_max_steps(self)`` (the config of several
+        methods asks each selected method's config class, with itself as ``self``)."""
+        return self.entropy_schedule().moves
 
     def select_methods(self) -> None:
         """Check ``entropy_control`` against the methods this config trains: a method's own config takes ``None`` or

@@ -51,6 +51,27 @@ class Controller(ABC):
         """The values to log, named ``<method>/<quantity>``."""
 
 
+class LastCycleMean(Controller):
+    """A measurement with a controller's timing and checkpoints, driving nothing: the mean ``value`` of ``statistic``
+    over the last generation cycle's tokens on every rank (None before the first cycle ends)."""
+
+    def __init__(self, name: str, statistic: str):
+        self.name, self.statistic = name, statistic
+        self.value: float | None = None
+
+    def update(self, mean_statistic: float, step: int) -> None:
+        self.value = mean_statistic
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
 def entropy_direction(mean_entropy: float, target: float) -> float:
     """``+1`` when the entropy is below the target (push it up), ``−1`` above, ``0`` on it."""
     if mean_entropy < target:

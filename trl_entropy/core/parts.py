@@ -78,6 +78,14 @@ class MethodPart:
         unscorable), the same on every rank; None keeps TRL's mean."""
         return None, {}
 
+    def reject_rollouts(
+        self, rewards: torch.Tensor, advantages: torch.Tensor, batch: dict
+    ) -> tuple[torch.Tensor | None, Metrics]:
+        """Every generation batch, on every rank, after the group baseline: this rank's rows' advantages with some
+        rollouts rejected (their advantage 0), from their summed rewards (NaN: unscorable), their advantages and the
+        generation batch; None keeps them. Collectives are allowed; the same decision on every rank."""
+        return None, {}
+
     def on_generation_batch(self, batch: dict) -> None:
         """Every generation batch (training and evaluation), on every rank, before TRL splits it into micro-batches;
         it may add ``(B, T)`` tensors under ``carried_token_keys``. Collectives are allowed."""
@@ -132,3 +140,13 @@ class MethodPart:
 
     def restore_rank_checkpoint_state(self, checkpoint: str) -> None:
         """Read back what ``rank_checkpoint_state`` saved (``core.checkpoint.load_rank_file``)."""
+
+
+def controller_parts_beside(config, part: type) -> list[str]:
+    """The keys of ``config``'s parts other than ``part`` that build controllers: each moves its method's coefficient
+    or clip toward an entropy target of its own."""
+    return [
+        other.key
+        for other in config.method_parts
+        if other is not part and other.controllers is not MethodPart.controllers
+    ]

@@ -7,6 +7,9 @@ generation cycle ``floor(s / n_c)``; ``S`` is the run's last step on that clock.
 ``c(s) = c_w + (c_0 − c_w)·s/w``; after it ``u = clamp((s − w)/max(D, 1), 0, 1)`` with ``D`` the decay steps (``S − w``
 when not given), and ``c = c_0`` (constant), ``c_0 + (c_1 − c_0)·u`` (linear) or ``c_1 + (c_0 − c_1)·½(1 + cos πu)``
 (cosine). The final value is reached at ``s = S``, as transformers' linear learning-rate schedule reaches 0.
+
+A method's bounds (an entropy band, a coefficient box) follow the same schedules (:func:`bound_schedule`; their
+fields and checks: ``core/bounds.py``): each bound from its value to its final one, holding it through the warm-up.
 """
 
 import math
@@ -74,15 +77,34 @@ def schedule_clock(global_step: int, max_steps: int, unit: str, steps_per_cycle:
     return math.floor(global_step / per_cycle), math.floor(max_steps / per_cycle)
 
 
+def run_clock(args, global_step: int, max_steps: int, num_iterations: int) -> tuple[int, int]:
+    """``(s, S)`` of optimizer step ``global_step`` of ``max_steps`` on the clock ``entropy_schedule_unit``."""
+    steps_per_cycle = args.steps_per_generation * num_iterations / args.gradient_accumulation_steps
+    return schedule_clock(global_step, max_steps, args.entropy_schedule_unit, steps_per_cycle)
+
+
+def require_run_length(schedules, total: int, schedule_field: str, decay_field: str) -> None:
+    """Refuse, naming the fields, schedules that decay to the run's last step when the run's length is unknown."""
+    if total <= 0 and any(s.kind != "constant" and s.decay_steps is None for s in schedules):
+        raise ValueError(
+            f"{schedule_field} decays until the run's last step, which is unknown (no max_steps): set {decay_field}."
+        )
+
+
 def scheduled_entropy_coef(args, global_step: int, max_steps: int, num_iterations: int) -> tuple[float, float]:
     """``(coefficient, u)`` of TRL's entropy bonus at optimizer step ``global_step`` of ``max_steps`` under the
     config's schedule (``args.entropy_schedule()``), on its clock (``entropy_schedule_unit``)."""
     schedule = args.entropy_schedule()
-    steps_per_cycle = args.steps_per_generation * num_iterations / args.gradient_accumulation_steps
-    step, total = schedule_clock(global_step, max_steps, args.entropy_schedule_unit, steps_per_cycle)
-    if total <= 0 and schedule.kind != "constant" and schedule.decay_steps is None:
-        raise ValueError(
-            "entropy_coef_schedule decays until the run's last step, which is unknown (no max_steps): set "
-            "entropy_coef_decay_steps."
-        )
+    step, total = run_clock(args, global_step, max_steps, num_iterations)
+    require_run_length([schedule], total, "entropy_coef_schedule", "entropy_coef_decay_steps")
     return schedule.value(step, total), schedule.progress(step, total) if schedule.kind != "constant" else 0.0
+
+
+def bound_schedule(
+    kind: str, start: float, final: float | None, warmup_steps: int, decay_steps: int | None
+) -> Schedule:
+    """A bound from ``start`` to ``final`` under ``kind`` (``final`` None: it stays at ``start``); it holds ``start``
+    through the warm-up, since a bound has no value of its own to rise from."""
+    if final is None:
+        return Schedule(start=start)
+    return Schedule(kind, start, final, warmup_steps, warmup_start=start, decay_steps=decay_steps)

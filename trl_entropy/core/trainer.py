@@ -14,12 +14,13 @@ current generation cycle travel in every checkpoint (``trainer_state.json``), pu
 ``resume_from_checkpoint``, also in the middle of a cycle.
 """
 
+import math
 from typing import ClassVar
 
 import torch
 from accelerate.utils import is_peft_model
 
-from .batch import CompletionBatch
+from .batch import OLD_ENTROPY_KEY, CompletionBatch
 from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
 from .citation import sign_combined_model_card
 from .config import EntropyGRPOBaseConfig
@@ -147,9 +148,45 @@ class EntropyGRPOTrainer(TRLBridge):
                 group_advantages = advantages_around_baseline(rewards, num_generations, self.scale_rewards, baseline)
                 output["advantages"] = group_advantages[self.accelerator.process_index * rows :][:rows]
                 self.replace_logged_advantages(group_advantages.tolist())  # the completions table shows them too
+        own_rewards = rewards[self.accelerator.process_index * rows :][:rows]
+        for part in self.parts:
+            advantages, metrics = part.reject_rollouts(own_rewards, output["advantages"], output)
+            self.record_metrics(self.mode, metrics)
+            if advantages is not None:
+                output["advantages"] = advantages
+                self.replace_logged_advantages(self.accelerator.gather(advantages).tolist())
         for part in self.parts:
             part.on_generation_batch(output)
         return output
+
+    def generation_batch_entropy(self, output: dict) -> float:
+        """The rollout policy's mean entropy over the valid tokens of every rank's generation batch ``output``: the one
+        kept from TRL's rollout pass where TRL makes that pass, else one scoring pass without gradient (on-policy the
+        weights are the rollout policy's). Every rank must call it."""
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        mask = completion_mask if "tool_mask" not in output else completion_mask * output["tool_mask"]
+        entropy = output.get(OLD_ENTROPY_KEY)
+        if entropy is None:
+            args = self.args
+            batch_size = args.per_device_train_batch_size if self.mode == "train" else args.per_device_eval_batch_size
+            with torch.no_grad():
+                entropy = self.score_tokens(
+                    self.model,
+                    torch.cat([output["prompt_ids"], completion_ids], dim=1),
+                    torch.cat([output["prompt_mask"], completion_mask], dim=1),
+                    completion_ids.size(1),
+                    batch_size=batch_size,
+                    multimodal=output,
+                ).entropy
+        return global_token_mean(self.accelerator, entropy, mask)
+
+    def generation_cycle(self) -> tuple[int, int]:
+        """``(k, K)``: the 0-based index of the current generation cycle (counted from the optimizer step, so a resumed
+        run counts on) and the run's number of cycles, ``ceil(max_steps · accumulation / micro-batches per cycle)``."""
+        per_cycle = self.args.steps_per_generation * self.num_iterations
+        accumulation = self.args.gradient_accumulation_steps
+        micro_batches = self.state.global_step * accumulation + self.micro_step % accumulation
+        return micro_batches // per_cycle, math.ceil(self.state.max_steps * accumulation / per_cycle)
 
     def score_tokens(
         self,

@@ -8,11 +8,15 @@ Kernels
 -------
 ``_forward_stats_kernel``, one program per token (row of the chunk's logits, which cuBLAS wrote in fp32):
 
-1. one streaming pass for the row max (and min, with a clamp) and the target logit;
-2. with a clamp, the k-th smallest logit by a **multi-way search on the value**: fp32 values are mapped to int32 keys
-   whose integer order is the float order (negative floats get their 31 low bits flipped), and every pass counts the
-   entries ``<= `` each of ``NSPLIT`` evenly spaced keys of the current bracket, which shrinks it ~17-fold; the 2**32
-   key range closes in at most 8-9 passes and yields the k-th smallest value exactly (no sort, no extra memory);
+1. one streaming pass for the row max and the target logit; with a clamp, the same pass builds the histogram of the
+   first radix digit of every entry's sort key (fp32 values mapped to int32 keys whose integer order is the float
+   order: negative floats get their 31 low bits flipped);
+2. with a clamp, the k-th smallest key by an exact **radix select** over digits of 11, 11 and 10 bits (the first one
+   holds the sign, the exponent and two mantissa bits): the bucket holding the k-th smallest entry fixes the digit
+   and the rank inside it. A second pass over the row histograms the second digit of the entries in that bucket and
+   writes them, in row order, to the row's part of a scratch buffer (``scratch_per_row`` entries); the third digit's
+   histogram then reads only those. A bucket larger than the scratch row is not written, and the third pass reads
+   the whole row again (same result, one more pass);
 3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
    same over kept entries (``key(z) > key(thr)``).
 
@@ -29,7 +33,10 @@ from triton import knobs
 
 
 INTERPRET = bool(knobs.runtime.interpret)
-NSPLIT = 16  # keys probed per selection pass (a power of two: tl.arange)
+# Scratch entries per row for the first bucket's candidates: V / SCRATCH_FRACTION. A first-digit bucket spans 1/8 to
+# 1/4 of its values' magnitude: a centred Gaussian row's fullest bucket holds ~5.5 % of it, the k = 0.3 V bucket of
+# N(-5, 2.5) rows ~13 %; rows far from zero against their spread overflow and pay the fallback's extra pass.
+SCRATCH_FRACTION = 4
 
 # Sort keys: an fp32 value's bits as int32, with the 31 low bits flipped for negative values, order like the floats
 # (non-NaN). Written inline in the kernels: the interpreter re-patches triton.language on every nested jit call,
@@ -43,6 +50,8 @@ def _forward_stats_kernel(
     tgt_ptr,
     n_cols,
     k,
+    scratch_ptr,
+    scratch_per_row,
     m_ptr,
     yt_ptr,
     s_ptr,
@@ -54,52 +63,81 @@ def _forward_stats_kernel(
     HAS_CLAMP: tl.constexpr,
     BLOCK: tl.constexpr,
     SEL_BLOCK: tl.constexpr,
-    NSPLIT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * stride_z
     tgt = tl.load(tgt_ptr + row).to(tl.int64)
 
-    # pass 1: max (and min)
+    # pass 1: max; with a clamp, the histogram of the keys' top 11 bits (key >> 21, shifted to [0, 2048))
     vmax = tl.full([BLOCK], -float("inf"), tl.float32)
-    vmin = tl.full([BLOCK], float("inf"), tl.float32)
+    hist_hi = tl.zeros([2048], tl.int32)
     for start in range(0, n_cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         msk = offs < n_cols
         z = tl.load(base + offs, mask=msk, other=-float("inf"))
         vmax = tl.maximum(vmax, z)
         if HAS_CLAMP:
-            vmin = tl.minimum(vmin, tl.where(msk, z, float("inf")))
+            bz = z.to(tl.int32, bitcast=True)
+            kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
+            hist_hi += tl.histogram((kz >> 21) + 1024, 2048, mask=msk)
     m = tl.max(vmax, axis=0)
     z_t = tl.load(base + tgt)
     y_t = m - z_t
     tl.store(m_ptr + row, m)
     tl.store(yt_ptr + row, y_t)
 
-    # pass 2 (clamp): smallest key T with count(key <= T) >= k, i.e. the k-th smallest logit
+    # pass 2 (clamp): radix select of the k-th smallest key, 11 + 11 + 10 bits. Each digit is the first bucket whose
+    # cumulative count reaches the rank; the rank then counts inside that bucket.
     thr_key = tl.full([], 0, tl.int64)
     if HAS_CLAMP:
-        b_min = tl.min(vmin, axis=0).to(tl.int32, bitcast=True)
-        lo = tl.where(b_min < 0, b_min ^ 0x7FFFFFFF, b_min).to(tl.int64) - 1  # count(<= lo) = 0 < k
+        cum = tl.cumsum(hist_hi, axis=0)
+        before = tl.max(tl.where(cum < k, cum, 0), axis=0)
+        prefix_hi = tl.sum((cum < k).to(tl.int32), axis=0) - 1024  # = key >> 21 of the k-th smallest
+        n_cand = tl.min(tl.where(cum < k, n_cols, cum), axis=0) - before
+        rank = k - before
+        # the bucket's entries, in row order, into the scratch row when they fit (else it stays unused)
+        fits = n_cand <= scratch_per_row
+        n_slots = tl.where(fits, scratch_per_row, 0)
+        scratch_row = scratch_ptr + row * scratch_per_row
+        hist_mid = tl.zeros([2048], tl.int32)
+        n_written = tl.full([], 0, tl.int32)
+        for start in range(0, n_cols, SEL_BLOCK):
+            offs = start + tl.arange(0, SEL_BLOCK)
+            msk = offs < n_cols
+            z = tl.load(base + offs, mask=msk, other=0.0)
+            bz = z.to(tl.int32, bitcast=True)
+            kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
+            cand = msk & ((kz >> 21) == prefix_hi)
+            hist_mid += tl.histogram((kz >> 10) & 2047, 2048, mask=cand)
+            cand32 = cand.to(tl.int32)
+            slot = n_written + tl.cumsum(cand32, axis=0) - 1
+            tl.store(scratch_row + slot, z, mask=cand & (slot < n_slots))
+            n_written += tl.sum(cand32, axis=0)
+        tl.debug_barrier()  # the scratch row's entries, stored by some of the program's threads, are read by others
+        cum = tl.cumsum(hist_mid, axis=0)
+        before = tl.max(tl.where(cum < rank, cum, 0), axis=0)
+        prefix_mid = prefix_hi * 2048 + tl.sum((cum < rank).to(tl.int32), axis=0)  # = key >> 10
+        rank -= before
+        # the last digit over the scratch row, or over the whole row when the bucket did not fit
+        if fits:
+            src = scratch_row
+            n_src = n_cand
+        else:
+            src = base
+            n_src = n_cols
+        hist_lo = tl.zeros([1024], tl.int32)
+        for start in range(0, n_src, SEL_BLOCK):
+            offs = start + tl.arange(0, SEL_BLOCK)
+            msk = offs < n_src
+            bz = tl.load(src + offs, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+            kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
+            hist_lo += tl.histogram(kz & 1023, 1024, mask=msk & ((kz >> 10) == prefix_mid))
+        cum = tl.cumsum(hist_lo, axis=0)
+        kth_key = prefix_mid.to(tl.int64) * 1024 + tl.sum((cum < rank).to(tl.int64), axis=0)
         b_max = m.to(tl.int32, bitcast=True)
         key_max = tl.where(b_max < 0, b_max ^ 0x7FFFFFFF, b_max).to(tl.int64)
-        hi = key_max  # count(<= hi) = V >= k
-        j = tl.arange(0, NSPLIT).to(tl.int64)
-        while hi - lo > 1:
-            pts = lo + ((hi - lo) * (j + 1)) // (NSPLIT + 1)  # in [lo, hi): int32 range
-            pts32 = pts.to(tl.int32)
-            cnt = tl.zeros([NSPLIT], tl.int32)
-            for start in range(0, n_cols, SEL_BLOCK):
-                offs = start + tl.arange(0, SEL_BLOCK)
-                msk = offs < n_cols
-                bz = tl.load(base + offs, mask=msk, other=0.0).to(tl.int32, bitcast=True)
-                kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
-                le = (kz[:, None] <= pts32[None, :]) & msk[:, None]
-                cnt += tl.sum(le.to(tl.int32), axis=0)
-            lo = tl.maximum(lo, tl.max(tl.where(cnt < k, pts, lo), axis=0))
-            hi = tl.minimum(hi, tl.min(tl.where(cnt >= k, pts, hi), axis=0))
         # keep at least the max, even when the whole row ties
-        thr_key = tl.minimum(hi, key_max - 1)
+        thr_key = tl.minimum(kth_key, key_max - 1)
         thr_bits = tl.where(thr_key < 0, thr_key ^ 0x7FFFFFFF, thr_key).to(tl.int32)
         tl.store(thr_ptr + row, thr_bits.to(tl.float32, bitcast=True))
         b_t = z_t.to(tl.int32, bitcast=True)
@@ -193,24 +231,24 @@ def _block(n_cols: int) -> int:
     return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
 
 
-# (SEL_BLOCK, NSPLIT) forced by tests; None: the defaults below.
+# (SEL_BLOCK, scratch entries per row) forced by tests; None: the defaults below.
 SELECTION_OVERRIDE: tuple[int, int] | None = None
 
 
 def _selection_config(block: int) -> dict[str, int]:
+    return {"SEL_BLOCK": block if SELECTION_OVERRIDE is None else SELECTION_OVERRIDE[0]}
+
+
+def scratch_per_row(vocab: int) -> int:
+    """Entries of the selection's scratch buffer per row (the first bucket's candidates)."""
     if SELECTION_OVERRIDE is not None:
-        sel_block, nsplit = SELECTION_OVERRIDE
-    elif INTERPRET:
-        # The interpreter pays per operation (~7 ms per reduction: each re-patches triton.language), not per element:
-        # wide selection blocks and 256 probes per pass there (4-5 passes instead of 8-9).
-        sel_block, nsplit = block, 256
-    else:
-        sel_block, nsplit = max(16, min(256, block // 4)), NSPLIT
-    return {"SEL_BLOCK": sel_block, "NSPLIT": nsplit}
+        return SELECTION_OVERRIDE[1]
+    return -(-vocab // SCRATCH_FRACTION)
 
 
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
-    """Same outputs as `_torch_ops.forward_stats`; ``z`` is left unchanged."""
+    """Same outputs as `_torch_ops.forward_stats`; ``z`` is left unchanged. ``work``: with a clamp, an fp32 buffer of
+    at least ``n * scratch_per_row(V)`` elements for the selection (allocated when None or smaller)."""
     n, vocab = z.shape
     f32 = dict(dtype=torch.float32, device=z.device)
     out = {name: torch.empty(n, **f32) for name in ("m", "y_t", "s_rest", "sy_rest")}
@@ -219,6 +257,9 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
     if n == 0:
         return out
     dummy = out["m"]
+    per_row = scratch_per_row(vocab) if k > 0 else 0
+    if k > 0 and (work is None or work.numel() < n * per_row):
+        work = torch.empty(n * per_row, **f32)
     block = _block(vocab)
     _forward_stats_kernel[(n,)](
         z,
@@ -226,6 +267,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         targets,
         vocab,
         k,
+        work if k > 0 else dummy,
+        per_row,
         out["m"],
         out["y_t"],
         out["s_rest"],

@@ -315,7 +315,11 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             zbuf = torch.empty(rows_max * vocab, device=device, dtype=torch.float32)
             # upcast tiles are computed in a buffer of the backward's tile shape, so that they round the same way
             tile_buf = torch.empty(rows_max * tile, device=device, dtype=torch.float32) if tile < vocab else None
-            work = torch.empty(2 * zbuf.numel(), device=device, dtype=torch.float32) if backend == "torch" else None
+            if backend == "torch":
+                work = torch.empty(2 * zbuf.numel(), device=device, dtype=torch.float32)
+            else:  # the selection's scratch rows (none without a clamp)
+                scratch = rows_max * ops.scratch_per_row(vocab) if k > 0 else 0
+                work = torch.empty(scratch, device=device, dtype=torch.float32)
             for r0 in range(0, n_tokens, chunk_size):
                 r1 = min(r0 + chunk_size, n_tokens)
                 n = r1 - r0

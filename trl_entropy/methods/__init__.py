@@ -15,12 +15,13 @@ from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
 from .compose import AXES, SEPARATOR, combine, in_axis_order, methods_config_class, owners_of_fields
 from .ent_adv import SPEC as _ent_adv
+from .entrocraft import SPEC as _entrocraft
 from .entropic import SPEC as _entropic
 from .erc import SPEC as _erc
 from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
 from .repo import SPEC as _repo
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep, Variant
 from .steer import SPEC as _steer
 
 
@@ -32,11 +33,16 @@ GRPO = MethodSpec(
     config_class=EntropyGRPOBaseConfig,
     trainer_class=EntropyGRPOTrainer,
     variants={
-        "grpo": Variant("GRPO, no entropy control", metrics=()),
+        "grpo": Variant(
+            "GRPO, no entropy control",
+            metrics=(),
+            docs=MethodDocs(choose_when="plain GRPO, the baseline every method is compared with"),
+        ),
         "entreg": Variant(
             "TRL's entropy bonus (entropy_coef)",
             {"entropy_coef": 1e-3},
             metrics=("entropy_coef",),
+            docs=MethodDocs(choose_when="TRL's own fixed bonus, as a baseline"),
             neutral=Neutral(trl={"entropy_coef": 1e-3}),
             # The toy sweep: TRL's entropy bonus from ten times its registry value up.
             sweep=Sweep({"entropy_coef": [0.01, 0.03, 0.1]}),
@@ -44,6 +50,7 @@ GRPO = MethodSpec(
     },
     acts_on=(Place.REGULARISER,),
     metrics=(Metric("entropy_coef", "TRL entropy coefficient (entropy_coef)", "coefficient"),),
+    docs=MethodDocs(summary="exactly `trl.GRPOTrainer` with control off (TRL's own entropy bonus included)"),
 )
 
 
@@ -78,6 +85,7 @@ SPECS: tuple[MethodSpec, ...] = (
     _erc,
     _entropic,
     _steer,
+    _entrocraft,
 )
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}

@@ -27,7 +27,7 @@ from ..core.control import Controller, EntropyTargetController, entropy_directio
 from ..core.parts import MethodPart
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place
 
 
 def adapo_controller_step(
@@ -192,9 +192,18 @@ SPEC = MethodSpec(
     ),
     # The first step, before the controller moves ε_high, is DAPO's clip-higher.
     neutral=Neutral(trl={"epsilon_high": 0.28}),
+    docs=MethodDocs(
+        summary="DAPO with an adaptive upper clip `epsilon_high`",
+        choose_when="DAPO with its upper clip steered by the entropy",
+    ),
     name="ADAPO",
     paper=Paper(
-        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+        "petrenko2026repo",
+        "Entropy-Preserving Reinforcement Learning",
+        "2603.11682",
+        2026,
+        "Petrenko and others",
+        note="ICLR 2026",
     ),
     tag="adapo",
     exports=(ADAPOController,),

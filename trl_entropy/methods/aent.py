@@ -10,7 +10,7 @@ moves after every generation cycle (paper eq. 4.1, the reference AReaL recipe ``
     λ ← clip(λ − α · (min(0, H̄ − H_low) + max(0, H̄ − H_high)), λ_min, λ_max)
 
 with ``H̄`` the cycle's token-mean clamped entropy over all its micro-batches and all ranks. ``λ`` rises while
-``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band.
+``H̄ < H_low``, falls while ``H̄ > H_high`` and holds inside the band; band and box may follow ``aent_schedule``.
 """
 
 from dataclasses import dataclass
@@ -19,26 +19,24 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
+from ..core.bounds import ScheduledBounds
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
 from ..core.statistics import masked_mean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 __all__ = ["AEntConfig", "AEntController", "AEntTrainer", "aent_coefficient_step"]
+BOUND_METRICS = ("aent/h_low", "aent/h_high", "aent/coef_min", "aent/coef_max")  # logged while scheduled
+BAND_AND_BOX = (("aent_entropy_low", "aent_entropy_high"), ("aent_coef_min", "aent_coef_max"))
+AENT_BOUNDS = ScheduledBounds("aent_schedule", BAND_AND_BOX, "aent_adaptive", {"aent_coef_init": BAND_AND_BOX[1]})
 
 
 def aent_coefficient_step(
-    coef: float,
-    mean_clamped_entropy: float,
-    low: float,
-    high: float,
-    lr: float,
-    coef_min: float,
-    coef_max: float,
+    coef: float, mean_clamped_entropy: float, low: float, high: float, lr: float, coef_min: float, coef_max: float
 ) -> float:
     """One step of AEnt's coefficient controller (paper eq. 4.1).
 
@@ -70,14 +68,16 @@ class AEntController(Controller):
     @classmethod
     def from_config(cls, args: "AEntConfig") -> "AEntController":
         statistic = "clamped_entropy" if args.aent_clamp_fraction > 0 else "entropy"
-        band = (
-            args.aent_entropy_low,
-            args.aent_entropy_high,
-            args.aent_coef_lr,
-            args.aent_coef_min,
-            args.aent_coef_max,
-        )
+        low, high, coef_min, coef_max = AENT_BOUNDS.widest(args).values()  # a resumed λ lies within the run's widest
+        band = (low, high, args.aent_coef_lr, coef_min, coef_max)
         return cls(args.aent_coef_init, *band, args.aent_warmup_steps, args.aent_adaptive, statistic)
+
+    def coef_in(self, bounds: tuple[float, float, float, float], keep: bool) -> float:
+        """``λ`` in the box of the running step's scheduled ``(H_low, H_high, λ_min, λ_max)``; ``keep``: take them."""
+        coef = min(max(self.value, bounds[2]), bounds[3])
+        if keep:  # training: this step's update uses them (before the first step: the widest, see from_config)
+            (self.low, self.high, self.coef_min, self.coef_max), self.value = bounds, coef
+        return coef
 
     def update(self, mean_statistic: float, step: int) -> None:
         if not self.adaptive or step <= self.warmup_steps:
@@ -92,7 +92,7 @@ class AEntController(Controller):
     def load_state_dict(self, state: dict) -> None:
         if "coef" not in state:
             raise KeyError(f"AEnt controller state {state!r} has no 'coef'")
-        coef = min(max(float(state["coef"]), self.coef_min), self.coef_max)  # into the (new) config's box
+        coef = min(max(float(state["coef"]), self.coef_min), self.coef_max)  # into the (new) config's (widest) box
         self.value = coef if self.adaptive else self.coef_init  # fixed: the config's value applies
 
     def metrics(self) -> dict[str, float]:
@@ -114,7 +114,11 @@ class AEntPart(MethodPart):
     def regulariser(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
         entropy = batch.entropy if batch.clamped_entropy is None else batch.clamped_entropy
         mask = batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
-        return -self.trainer.controllers[AEntController.name].value * masked_mean(entropy, mask), {}
+        controller, mean = self.trainer.controllers[AEntController.name], masked_mean(entropy, mask)
+        if not AENT_BOUNDS.moves(self.args):
+            return -controller.value * mean, {}
+        bounds, train = tuple(AENT_BOUNDS.now(self.trainer).values()), batch.mode == "train"  # evaluation only reads
+        return -controller.coef_in(bounds, keep=train) * mean, dict(zip(BOUND_METRICS, bounds)) if train else {}
 
 
 @dataclass
@@ -131,6 +135,7 @@ class AEntConfig(EntropyGRPOBaseConfig):
         aent_coef_min, aent_coef_max (`float`, default to `1e-5`, `3e-3`): the box `[λ_min, λ_max]` of `λ`.
         aent_warmup_steps (`int`, defaults to `0`): optimizer steps during which `λ` stays at `λ_0`.
         aent_adaptive (`bool`, defaults to `True`): move `λ`; `False` keeps `λ = λ_0` (the box is then unused).
+        aent_schedule (`str`, defaults to `"constant"`): moves the band and box to their `*_final` (docs/aent.md).
     """
 
     method_parts: ClassVar[tuple[type, ...]] = (AEntPart,)
@@ -191,25 +196,20 @@ class AEntConfig(EntropyGRPOBaseConfig):
         "Adapt the coefficient to keep the clamped entropy in [aent_entropy_low, aent_entropy_high]; False keeps it "
         "at aent_coef_init for the whole run. Default True (the paper's method).",
     )
+    aent_schedule: str = AENT_BOUNDS.kind_field()
+    aent_entropy_low_final: float | None = AENT_BOUNDS.final_field("aent_entropy_low")
+    aent_entropy_high_final: float | None = AENT_BOUNDS.final_field("aent_entropy_high")
+    aent_coef_min_final: float | None = AENT_BOUNDS.final_field("aent_coef_min")
+    aent_coef_max_final: float | None = AENT_BOUNDS.final_field("aent_coef_max")
+    aent_schedule_warmup_steps: int = AENT_BOUNDS.warmup_field()
+    aent_schedule_decay_steps: int | None = AENT_BOUNDS.decay_field()
 
     def check_settings(self) -> None:
-        for low, high, what in (
-            ("aent_entropy_low", "aent_entropy_high", "band"),
-            ("aent_coef_min", "aent_coef_max", "box"),
-        ):
-            if getattr(self, low) > getattr(self, high):
-                raise ValueError(
-                    f"{low}={getattr(self, low)!r} is above {high}={getattr(self, high)!r}; the {what} needs "
-                    f"{low} <= {high}."
-                )
-        if self.aent_adaptive and not self.aent_coef_min <= self.aent_coef_init <= self.aent_coef_max:
-            raise ValueError(
-                f"aent_coef_init={self.aent_coef_init!r} lies outside the coefficient box [aent_coef_min, "
-                f"aent_coef_max] = [{self.aent_coef_min!r}, {self.aent_coef_max!r}]; the first update would clip it "
-                "there at once. Move it into the box (or widen the box), or set aent_adaptive=False for a fixed "
-                "coefficient."
-            )
+        AENT_BOUNDS.check(self)  # aent_coef_init in the box at the start too
         reject_trl_entropy_bonus(self, "AEnt")
+
+    def reads_max_steps(self) -> bool:
+        return EntropyGRPOBaseConfig.reads_max_steps(self) or AENT_BOUNDS.moves(self)
 
 
 class AEntTrainer(EntropyGRPOTrainer):
@@ -233,14 +233,15 @@ SPEC = MethodSpec(
     metrics=(
         Metric("aent/coef", "AEnt: entropy-bonus coefficient (aent/coef)", "coefficient"),
         Metric("entropy/clamped"),
+        *(Metric(key) for key in BOUND_METRICS),
     ),
     neutral=Neutral(ours={"aent_coef_init": 0.0, "aent_adaptive": False}),
+    docs=MethodDocs("an adaptive bonus on the top (1 − p) of the vocabulary's entropy", "the entropy held in a band"),
     name="AEnt",
-    paper=Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025),
+    paper=Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, note="ICLR 2026"),
     tag="aent",
     exports=(AEntController,),
-    # The toy sweep: AEnt's band stays [0.4, 0.5] around the toy policy's start (0.58 nats); the controller's step and
-    # box are swept.
+    # The toy sweep: the controller's step and box; the band stays [0.4, 0.5], around the toy policy's start 0.58 nats.
     sweep=Sweep(
         {"aent_coef_lr": [0.1, 1.0], "aent_coef_max": [0.05, 0.5]},
         fixed={"aent_entropy_low": 0.4, "aent_entropy_high": 0.5},

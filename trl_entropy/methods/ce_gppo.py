@@ -26,7 +26,7 @@ from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 def ce_gppo_branches(
@@ -212,6 +212,12 @@ SPEC = MethodSpec(
     ),
     # With a clip range no ratio leaves, no token is clipped: CE-GPPO is −r·A, as trl.GRPOTrainer with that range.
     neutral=Neutral(ours={"epsilon": 1e3, "epsilon_high": 1e3}, trl={"epsilon": 1e3, "epsilon_high": 1e3}),
+    docs=MethodDocs(
+        summary="clipped tokens keep a bounded gradient, `β₁(1−ε)·A` below and `β₂(1+ε)·A` above",
+        choose_when="no controller, off-policy: the tokens PPO's clip silences keep a bounded gradient, weighted "
+        "apart below and above the clip",
+        sources="formula from the paper (eq. 8), defaults and the dual clip from the authors' code",
+    ),
     name="CE-GPPO",
     paper=Paper(
         "su2025cegppo",
@@ -220,6 +226,8 @@ SPEC = MethodSpec(
         2025,
         "Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and "
         "Guorui Zhou",
+        note='listed earlier as "CE-GPPO: Controlling Entropy via Gradient-Preserving Clipping Policy Optimization in '
+        'Reinforcement Learning"',
     ),
     tag="ce-gppo",
     # The toy sweep: beta1 (the gradient kept by the tokens clipped below) around the authors' 0.25 / 0.5 / 0.75;

@@ -24,7 +24,7 @@ from ..core.statistics import token_covariance
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.surrogates import surrogate_flat
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 CLIP_COV_GENERATOR_FILE = "clip_cov_generator_{process_index}.pt"
@@ -219,6 +219,10 @@ SPEC = MethodSpec(
         ),
     ),
     neutral=Neutral(ours={"clip_cov_lb": 1e8, "clip_cov_ub": 1e9}),  # no candidate token: nothing detached
+    docs=MethodDocs(
+        summary="detaches a few tokens with high log-prob/advantage covariance",
+        choose_when="a fixed-cost fix that touches only the few tokens driving the collapse, PPO's clip kept",
+    ),
     name="Clip-Cov",
     paper=COV_PAPER,
     tag="clip-cov",

@@ -28,11 +28,12 @@ class Axis:
 
 AXES: dict[Place, Axis] = {
     Place.GROUP_BASELINE: Axis(1, "group baseline"),
-    Place.ADVANTAGES: Axis(2, "per-token advantage"),
-    Place.SURROGATE: Axis(3, "surrogate"),
-    Place.GATES: Axis(4, "stop-gradient gates", several=True),
-    Place.CLIP_RANGE: Axis(5, "clip bound"),
-    Place.REGULARISER: Axis(6, "entropy regulariser"),
+    Place.ROLLOUT_REJECTION: Axis(2, "rollout rejection"),
+    Place.ADVANTAGES: Axis(3, "per-token advantage"),
+    Place.SURROGATE: Axis(4, "surrogate"),
+    Place.GATES: Axis(5, "stop-gradient gates", several=True),
+    Place.CLIP_RANGE: Axis(6, "clip bound"),
+    Place.REGULARISER: Axis(7, "entropy regulariser"),
 }
 # Joins the names of a combination: `--method NAME+NAME`, and the combined classes' names.
 SEPARATOR = "+"
@@ -163,6 +164,11 @@ def methods_config_class(registry: dict[str, MethodSpec]) -> type:
                     f"entropy_control={self.entropy_control!r} does not select: add the method to entropy_control, or "
                     "leave the option out."
                 )
+        for name, entry in zip(names, chosen, strict=True):  # a name that stands for a choice holds to it
+            for key, value in entry.defaults.items():
+                chooses = "choices" in self.__dataclass_fields__[key].metadata
+                if chooses and key in options_set and getattr(self, key) != value:
+                    refuse_contradicted_name(name, key, getattr(self, key), registry)
         for key, value in method_defaults(names, chosen).items():
             if key not in options_set:
                 setattr(self, key, value)
@@ -219,6 +225,22 @@ def methods_config_class(registry: dict[str, MethodSpec]) -> type:
     __init__.__doc__ = fields_init.__doc__
     config_class.__init__ = __init__
     return config_class
+
+
+def refuse_contradicted_name(name: str, key: str, value, registry: dict[str, MethodSpec]) -> None:
+    """A registry name that stands for a choice (a variant's name, for its variant field's value) refuses another value,
+    naming the registry names that stand for the value set."""
+    own = registry[name].config_class
+    fitting = [
+        other
+        for other, entry in registry.items()
+        if entry.config_class is own and entry.defaults.get(key, default_of(own.__dataclass_fields__[key])) == value
+    ]
+    instead = f"name {' or '.join(map(repr, fitting))} instead" if fitting else f"leave {key} out"
+    raise ValueError(
+        f"entropy_control names {name!r}, which stands for {key}={registry[name].defaults[key]!r}, but "
+        f"{key}={value!r} is set: {instead}."
+    )
 
 
 def default_of(declared: Field):

@@ -22,7 +22,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place
 
 
 def entropy_bonus(advantages: torch.Tensor, entropy: torch.Tensor, alpha: float, kappa: float) -> torch.Tensor:
@@ -130,6 +130,11 @@ SPEC = MethodSpec(
         ),
     ),
     neutral=Neutral(ours={"ent_adv_alpha": 0.0}),
+    docs=MethodDocs(
+        summary="per-token advantages plus a capped, detached entropy term `min(α·H, |A|/κ)`",
+        choose_when="no controller, more exploration on-policy: high-entropy tokens reinforced more, penalised less",
+        sources="no public code, the formula and defaults from the paper",
+    ),
     name="Entropy-based advantage shaping",
     paper=Paper(
         "cheng2025reasoning",
@@ -138,6 +143,7 @@ SPEC = MethodSpec(
         2025,
         "Daixuan Cheng and Shaohan Huang and Xuekai Zhu and Bo Dai and Wayne Xin Zhao and Zhenliang Zhang and "
         "Furu Wei",
+        note='AAAI 2026; v3: "Reasoning with Exploration: An Entropy Perspective on Reinforcement Learning for LLMs"',
     ),
     tag="ent-adv",
 )

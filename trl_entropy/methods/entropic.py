@@ -31,7 +31,7 @@ from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import aggregate_loss
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 # The authors clip α to [−1, 1] (dp_actor.py at 2470730); no field, as there.
@@ -209,6 +209,12 @@ SPEC = MethodSpec(
     ),
     neutral=Neutral(ours={"entropic_kp": 0.0, "entropic_ki": 0.0}),
     moves_per_micro_batch=True,
+    docs=MethodDocs(
+        summary="a term on high-probability tokens, its coefficient steered to a target entropy by a PI controller",
+        choose_when="the entropy steered to a target you give by a PI controller acting on the confident tokens, "
+        "on-policy too",
+        sources="the method section could not be read, the formulas and defaults from the authors' code",
+    ),
     name="EntroPIC",
     paper=Paper(
         "yang2025entropic",

@@ -25,7 +25,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 # The authors' code adds it to both entropies, so a position deterministic under both policies has ratio 1.
@@ -155,6 +155,13 @@ SPEC = MethodSpec(
         ),
     ),
     neutral=Neutral(ours={"erc_low": 0.0, "erc_high": math.inf}),  # every ratio lies in (0, inf): every token kept
+    docs=MethodDocs(
+        summary="no gradient where a token's entropy moved too far since the rollout (off-policy)",
+        choose_when="no controller, steadier off-policy updates (`num_iterations > 1`): no gradient where a token's "
+        "entropy moved too far from the rollout's",
+        sources="the method section could not be read, the formula and defaults from the authors' code "
+        "(`Kwai-Klear/ERC` at `f1885c5`)",
+    ),
     name="ERC",
     paper=Paper(
         "su2025erc",

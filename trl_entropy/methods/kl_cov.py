@@ -20,7 +20,7 @@ from ..core.statistics import token_covariance
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import PPO_CLIP_LOSS_TYPES
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 def kl_cov_selection(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -156,6 +156,11 @@ SPEC = MethodSpec(
     # With the penalty off, KL-Cov is the paper's unclipped −A·r where the loss type has the PPO clip (TRL with a clip
     # that never binds), and the loss type's own surrogate otherwise.
     neutral=Neutral(ours={"kl_cov_coef": 0.0}, trl_with_ppo_clip={"epsilon": 1e3, "epsilon_high": 1e3}),
+    docs=MethodDocs(
+        summary="a KL penalty on the tokens with the highest covariance",
+        choose_when="a fixed-cost fix that touches only the few tokens driving the collapse, a smooth penalty in "
+        "place of PPO's clip",
+    ),
     name="KL-Cov",
     paper=COV_PAPER,
     tag="kl-cov",

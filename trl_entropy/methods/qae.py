@@ -26,7 +26,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Place
+from .spec import MethodDocs, MethodSpec, Metric, Place
 
 
 def quantile_baseline(grouped_rewards: torch.Tensor, k: float) -> torch.Tensor:
@@ -148,6 +148,10 @@ SPEC = MethodSpec(
     ),
     # The loss step is the base's: QAE changes only the generation batch's advantages.
     needs_all_ranks_rewards=True,
+    docs=MethodDocs(
+        summary="the group baseline: the K-quantile of the rewards instead of their mean",
+        choose_when="no controller, only another baseline: the group's K-quantile of the rewards instead of its mean",
+    ),
     name="QAE",
     paper=Paper(
         "wu2025qae",
@@ -155,6 +159,7 @@ SPEC = MethodSpec(
         "2509.22611",
         2025,
         "Junkang Wu and Kexin Huang and Jiancan Wu and An Zhang and Xiang Wang and Xiangnan He",
+        note='v2: "Quantile Advantage Estimation: Stabilizing RLVR for LLM Reasoning"',
     ),
     tag="qae",
 )

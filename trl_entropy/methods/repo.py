@@ -28,7 +28,7 @@ from ..core.config import ENTROPY_TARGET, EntropyGRPOBaseConfig, Range, config_f
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place, Sweep, Variant
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep, Variant
 
 
 REPO_VARIANTS = ("R", "D")
@@ -236,6 +236,7 @@ SPEC = MethodSpec(
         Metric("repo/entropy_target", target_label="REPO target"),
     ),
     neutral=Neutral(ours={"repo_beta": 0.0}),
+    docs=MethodDocs("per-token advantages with a controlled entropy term", "the entropy held at its first-step value"),
     name="REPO",
     paper=Paper(
         "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"

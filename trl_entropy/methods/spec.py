@@ -16,6 +16,7 @@ class Place(str, Enum):
     part fills (``tests/unit/test_layout.py`` checks that a part fills exactly the seams of its places)."""
 
     GROUP_BASELINE = "group_baseline"  # group_baseline: the baseline of each prompt group's rewards
+    ROLLOUT_REJECTION = "rollout_rejection"  # reject_rollouts: a generation batch's advantages, some rejected (0)
     ADVANTAGES = "advantages"  # token_advantages: the advantages the surrogate uses, per sequence or per token
     SURROGATE = "surrogate"  # surrogate: the per-token policy loss
     GATES = "gates"  # gate: what a token keeps of its policy loss and its gradient
@@ -75,17 +76,33 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class MethodDocs:
+    """What the docs' lists of methods say of a method, in the regions ``docs/tables.py`` writes. ``summary``: what it
+    controls (the README's table of trainers, docs/README.md's index of pages, docs/references.md); ``choose_when``:
+    what a user who should take it wants (docs/getting_started.md's "Which method"); ``sources``: where its formula
+    and defaults come from, where not from the paper alone (docs/references.md)."""
+
+    summary: str = ""
+    choose_when: str = ""
+    sources: str = ""
+
+
+@dataclass(frozen=True)
 class Variant:
     """One name of a method in the registry: what ``--method`` lists, and the config settings it stands for.
 
     ``metrics``: the keys of the method's metrics this name logs (None: all of them). ``neutral``: this name's neutral
-    settings where they differ from the method's. ``sweep``: this name's toy sweep (None: the method's)."""
+    settings where they differ from the method's. ``sweep``: this name's toy sweep (None: the method's). ``acts_on``:
+    the places this name acts on where they differ from the method's (its first is the axis it takes). ``docs``: what
+    the docs' lists say of this name where it differs from the method's."""
 
     description: str
     defaults: dict = field(default_factory=dict)
     metrics: tuple[str, ...] | None = None
     neutral: Neutral | None = None
     sweep: Sweep | None = None
+    acts_on: tuple[Place, ...] | None = None
+    docs: MethodDocs | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,7 @@ class MethodSpec:
     another loss. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
     selects by where it binds); ``replaces_ppo_clip``: its surrogate has no PPO clip. The two never combine.
     ``sweep``: the values ``examples/toy_sweep.py`` tries on the toy task (None: the method is not swept).
+    ``docs``: what the docs' lists of methods say of it (``MethodDocs``).
     """
 
     key: str
@@ -125,6 +143,7 @@ class MethodSpec:
     tag: str | None = None
     exports: tuple[type, ...] = ()
     sweep: Sweep | None = None
+    docs: MethodDocs = field(default_factory=MethodDocs)
 
     def entries(self) -> dict[str, "MethodSpec"]:
         """The registry's entries for this method: one per variant (its description and defaults), or itself."""
@@ -146,6 +165,8 @@ class MethodSpec:
             metrics=metrics,
             neutral=variant.neutral or self.neutral,
             sweep=variant.sweep or self.sweep,
+            acts_on=variant.acts_on or self.acts_on,
+            docs=variant.docs or self.docs,
             variants={},
         )
 

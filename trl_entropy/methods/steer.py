@@ -30,7 +30,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodSpec, Metric, Neutral, Place
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place
 
 
 STEER_MAPPINGS = ("exponential", "linear")
@@ -192,6 +192,12 @@ SPEC = MethodSpec(
     ),
     neutral=Neutral(ours={"steer_weight_min": 1.0}),  # λ_min = 1: every weight is 1
     normalises_per_micro_batch=True,  # κ (exponential) or the min-max range (linear) is the micro-batch's
+    docs=MethodDocs(
+        summary="each token's update weighted down where it is estimated to change the entropy most",
+        choose_when="no controller, on-policy too: each token's update weighted down where it is estimated to change "
+        "the entropy most",
+        sources="the formula, both mappings and the defaults from the authors' code (`zz-haooo/STEER` at `b31df71`)",
+    ),
     name="STEER",
     paper=Paper(
         "hao2025steer", "Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective", "2510.10150", 2025
