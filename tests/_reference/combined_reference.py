@@ -31,6 +31,41 @@ def clamped_entropy(logits, fraction):
     return -(log_softmax.exp().masked_fill(~kept, 0.0) * log_softmax.masked_fill(~kept, 0.0)).sum(-1)
 
 
+def top_p_entropy(logits, p, k, include_crossing=False):
+    """SIREN (arXiv:2509.25133; the authors' ``efficient_top_p_sampling``): the entropy of the softmax renormalised
+    over the logits ranked down whose cumulative full-softmax mass stays below ``p``, among the ``k`` largest (the
+    token whose mass crosses ``p`` left out, or kept with ``include_crossing``); 0 with no gradient on an empty set.
+    Returns ``(entropy, set size)``."""
+    probs = torch.softmax(logits.detach(), -1)
+    ordered = probs.sort(-1, descending=True)
+    mass = ordered.values.cumsum(-1)
+    before = mass - ordered.values if include_crossing else mass
+    rank = torch.arange(logits.size(-1))
+    keep_ranked = (before < p) & (rank < k)
+    kept = torch.zeros_like(keep_ranked).scatter(-1, ordered.indices, keep_ranked)
+    empty = ~kept.any(-1, keepdim=True)
+    log_softmax = torch.log_softmax(logits.masked_fill(~kept | empty, -math.inf).masked_fill(empty, 0.0), -1)
+    log_softmax = log_softmax.masked_fill(~kept, 0.0)  # before the product: 0 · (−inf) would make the gradient NaN
+    return -(log_softmax.exp().masked_fill(~kept, 0.0) * log_softmax).sum(-1), kept.sum(-1).double()
+
+
+def peak_mean(values, mask, ratio):
+    """SIREN's peak-entropy mask and mean: per sequence the valid values strictly above their ``ratio``-quantile
+    (linear interpolation), averaged per sequence, then over the sequences (one without a kept value counts 0)."""
+    means = []
+    for row, valid in zip(values, mask.bool(), strict=True):
+        chosen = row.detach()[valid].sort().values
+        if len(chosen) == 0:
+            means.append(row.sum() * 0.0)
+            continue
+        position = ratio * (len(chosen) - 1)
+        low = math.floor(position)
+        quantile = chosen[low] + (position - low) * (chosen[min(low + 1, len(chosen) - 1)] - chosen[low])
+        keep = valid & (row.detach() > quantile)
+        means.append((row * keep).sum() / keep.sum().clamp(min=1))
+    return torch.stack(means).mean()
+
+
 def group_advantages(rewards, names, s):
     """One group: ``(r − b) / (std + 1e-4)``, ``b`` the mean (GRPO) or the K-quantile (QAE, arXiv:2509.22611), ``std``
     the Bessel-corrected standard deviation around the mean."""
@@ -142,13 +177,17 @@ def gates(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advant
 
 
 def regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, names, s):
-    """TRL's entropy bonus ``−c·mean H``, AEnt's ``−λ·mean H_clamped`` or EntroPIC's ``α·mean_high(−r·|A|)`` with
+    """TRL's entropy bonus ``−c·mean H``, AEnt's ``−λ·mean H_clamped``, SIREN's ``c·(peak mean H^p − H_anchor)²`` or
+    EntroPIC's ``α·mean_high(−r·|A|)`` with
     ``α = clip(K_p·(H̄ − H*), −1, 1)`` at the first micro-batch (arXiv:2511.15248), ``A`` the group advantages."""
     token_mean = lambda values, weights: (values * weights).sum() / weights.sum().clamp(min=1.0)  # noqa: E731
     if "entreg" in names:
         return -s["entropy_coef"] * token_mean(entropy, mask)
     if "aent" in names:
         return -s["aent_coef_init"] * token_mean(clamped_entropy(logits, s["aent_clamp_fraction"]), mask)
+    if "siren" in names:
+        entropy_p, _ = top_p_entropy(logits, s["siren_top_p"], s["siren_top_k"])
+        return s["siren_coef"] * (peak_mean(entropy_p, mask, s["siren_mask_ratio"]) - s["siren_anchor"]) ** 2
     if "entropic" in names:
         mean_entropy = token_mean(entropy.detach(), mask).item()
         alpha = min(max(s["entropic_kp"] * (mean_entropy - s["entropic_target"]), -1.0), 1.0)

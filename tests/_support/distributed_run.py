@@ -191,7 +191,7 @@ def method_options(method: str) -> dict:
         parts = {key: value for part in method.split(SEPARATOR) for key, value in method_options(part).items()}
         return {**get_method(method).defaults, **parts}
 
-    options = dict(get_method(method).defaults)
+    options = dict(get_method(method).defaults) | get_method(method).short_run_settings
     if method in ROLLOUT_ENTROPY_METHODS:
         options.update(num_iterations=2)  # H^old ≠ H on the second update: the rollout entropy matters
     if method == "clip_cov":

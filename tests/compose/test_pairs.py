@@ -11,11 +11,12 @@ batch's own values.
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
 from _reference import combined_reference as reference
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config
 from transformers import AutoModelForCausalLM
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
@@ -32,7 +33,7 @@ SAME_AXIS = {
     "group baseline": ("qae", "entrocraft"),
     "per-token advantage": ("repo_r", "repo_d", "ent_adv"),
     "surrogate": ("kl_cov", "ce_gppo"),
-    "entropy regulariser": ("entreg", "aent", "entropic"),
+    "entropy regulariser": ("entreg", "aent", "entropic", "siren"),
 }
 NO_CLIP = {("clip_cov", "kl_cov"), ("kl_cov", "adapo")}
 REFUSED = {
@@ -90,6 +91,11 @@ SETTINGS = dict(
     aent_coef_init=0.1,
     aent_coef_max=1.0,
     aent_clamp_fraction=0.3,
+    siren_coef=0.5,
+    siren_top_p=0.5,
+    siren_top_k=20,
+    siren_mask_ratio=0.5,
+    siren_anchor=0.3,
     entropic_kp=0.5,
     entropic_target=0.1,
 )
@@ -225,3 +231,29 @@ def test_a_pairs_config_declares_only_the_loss_types_both_methods_take(tmp_path)
         if both != set.union(*alone):
             narrowed.append(names)
     assert narrowed, "no pair whose methods take different loss types: a union would pass too"
+
+
+# Entrocraft: its two variants on two axes, and its warning beside another method that drives the entropy.
+
+
+def test_the_authors_switch_takes_the_baseline_axis_and_the_sign_form_its_own(tmp_path):
+    with pytest.raises(ValueError, match="'qae' and 'entrocraft', which both act on the group baseline"):
+        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["qae", "entrocraft"])
+    config = toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["entrocraft_sign", "qae"])
+    assert config.entrocraft_variant == "sign" and [part.key for part in config.method_parts] == ["qae", "entrocraft"]
+    with pytest.raises(
+        ValueError, match="names 'entrocraft', which stands for entrocraft_variant='code'.*'entrocraft_sign'"
+    ):
+        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["entrocraft"], entrocraft_variant="sign")
+
+
+def test_another_entropy_controller_beside_it_is_named_in_a_warning(tmp_path):
+    for options, named in (
+        ({"entropy_control": ["aent", "entrocraft"]}, "['aent']"),
+        ({"entropy_control": ["entrocraft"], "use_adaptive_entropy": True}, "['use_adaptive_entropy']"),
+    ):
+        with pytest.warns(UserWarning, match=rf"Entrocraft holds the entropy in its band, and \{named}"):
+            toy_config(EntropyGRPOConfig, tmp_path, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["clip_cov", "entrocraft"])

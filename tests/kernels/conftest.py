@@ -8,12 +8,15 @@ FILES = {
     "test_kernel.py": "pure",
     "test_kernel_triton.py": "pure",
     "test_kernel_radix_select.py": "pure",
+    "test_kernel_top_p.py": "pure",
 }
 LAUNCHES = {
     "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
     "test_kernel_radix_select.py": {"test_radix_select_under_the_interpreter"},
+    "test_kernel_top_p.py": {"test_top_p_under_the_interpreter"},
 }
+TESTS = {"test_kernel_top_p.py": {"test_head_scores_top_p_entropy_and_set_size": "loss_step"}}
 
 
 def pytest_itemcollected(item):
-    mark_tier(item, "training", FILES, LAUNCHES)
+    mark_tier(item, "training", FILES, LAUNCHES, TESTS)

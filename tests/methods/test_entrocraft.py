@@ -7,8 +7,8 @@ lblaoke/entrocraft at 26165bd; docs/entrocraft.md).
 * the band's shapes on the authors' clock ``u = (k + 1)/K``, and the trainer's cycle count ``(k, K)``;
 * the rollout entropy: kept from TRL's rollout pass off-policy, one pass without gradient on-policy (against the
   float64 entropy of the full logits), or the previous cycle's training entropy, measured and carried;
-* the config: its refusals naming the fields, the two variants' axes, the warnings (rewards that never go below the
-  offset; another controller of the entropy next to it).
+* the config: its refusals naming the fields, and the warning when rewards never go below the offset (its axes and
+  its warning beside another entropy controller: tests/compose/test_pairs.py).
 
 The shared suites (the neutral setting against trl.GRPOTrainer, bad input, resume, two processes, combinations and
 their float64 reference, docs) cover Entrocraft through the registry."""
@@ -21,7 +21,6 @@ import torch
 from _support.grpo import SMALL_BATCH, build_trainer, make_grpo_batch, naive_entropy, toy_config, toy_trainer
 from transformers import AutoModelForCausalLM
 
-from trl_entropy import EntropyGRPOConfig
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.methods.entrocraft import (
     ABOVE,
@@ -262,29 +261,6 @@ def test_the_previous_cycles_entropy_is_measured_and_read_one_cycle_late(toy_mod
 def test_bad_settings_are_refused_naming_the_field(options, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         toy_config(EntrocraftConfig, tmp_path, **options)
-
-
-def test_the_authors_switch_takes_the_baseline_axis_and_the_sign_form_its_own(tmp_path):
-    with pytest.raises(ValueError, match="'qae' and 'entrocraft', which both act on the group baseline"):
-        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["qae", "entrocraft"])
-    config = toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["entrocraft_sign", "qae"])
-    assert config.entrocraft_variant == "sign" and [part.key for part in config.method_parts] == ["qae", "entrocraft"]
-    with pytest.raises(
-        ValueError, match="names 'entrocraft', which stands for entrocraft_variant='code'.*'entrocraft_sign'"
-    ):
-        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["entrocraft"], entrocraft_variant="sign")
-
-
-def test_another_entropy_controller_beside_it_is_named_in_a_warning(tmp_path):
-    for options, named in (
-        ({"entropy_control": ["aent", "entrocraft"]}, "['aent']"),
-        ({"entropy_control": ["entrocraft"], "use_adaptive_entropy": True}, "['use_adaptive_entropy']"),
-    ):
-        with pytest.warns(UserWarning, match=rf"Entrocraft holds the entropy in its band, and \{named}"):
-            toy_config(EntropyGRPOConfig, tmp_path, **options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        toy_config(EntropyGRPOConfig, tmp_path, entropy_control=["clip_cov", "entrocraft"])
 
 
 def test_rewards_never_below_the_offset_warn_once_when_nothing_moves(toy_model_path, toy_tokenizer, tmp_path):

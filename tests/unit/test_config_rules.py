@@ -16,7 +16,7 @@ import yaml
 from _support.grpo import toy_config
 from trl import GRPOConfig, TrlParser
 
-from trl_entropy.core.bounds import ScheduledBounds
+from trl_entropy.core.bounds import ScheduledBounds, ScheduledCoefficient
 from trl_entropy.core.config import FIELD_RULES, STRICTER, TRL_FIELD_RULES, Range, Rule, config_field, field_rule
 from trl_entropy.methods import SPECS
 
@@ -187,7 +187,14 @@ def own_settings(config_class) -> dict[str, str]:
             settings[f.name] = rule.choices[-1]
     if settings.get("entropy_coef_schedule", "constant") != "constant":  # a decaying schedule needs its final value
         settings["entropy_coef_final"] = "0.0"
-    # A method's scheduled bounds (declared beside its config): a moving schedule needs a final value and its flag.
+    # A method's scheduled bounds and coefficients (declared beside its config): a moving schedule needs a final
+    # value (and the bounds their flag).
+    for declared in vars(sys.modules[config_class.__module__]).values():
+        if (
+            isinstance(declared, ScheduledCoefficient)
+            and settings.get(f"{declared.name}_schedule", "constant") != "constant"
+        ):
+            settings[f"{declared.name}_final"] = "0.0"
     for bounds in vars(sys.modules[config_class.__module__]).values():
         if isinstance(bounds, ScheduledBounds) and settings.get(bounds.kind, "constant") != "constant":
             last = bounds.bounds[-1]

@@ -35,6 +35,9 @@ class CompletionBatch:
         old_entropy: ``H^old_t``, the full entropy of the rollout policy at each position, detached, where a method's
             part declares ``needs_rollout_entropy`` (``None`` otherwise). Computed in the same pass as
             ``old_log_probs``; equal to ``entropy.detach()`` when training is on-policy (TRL then computes neither).
+        top_p_entropy: ``H^p_t``, the entropy renormalised over the top-p set of the full softmax (a part's
+            ``top_p_rule()``; the empty set gives 0), or ``None``. Differentiable.
+        top_p_set_size: ``|S_t|``, the size of that set (no gradient), or ``None``.
         carried: the per-token tensors of this micro-batch that the parts asked to carry from its generation batch
             (the keys of their ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation
             batch.
@@ -50,4 +53,6 @@ class CompletionBatch:
     entropy_mask: torch.Tensor | None = None
     importance_sampling_ratio: torch.Tensor | None = None
     old_entropy: torch.Tensor | None = None
+    top_p_entropy: torch.Tensor | None = None
+    top_p_set_size: torch.Tensor | None = None
     carried: dict[str, torch.Tensor] = field(default_factory=dict)

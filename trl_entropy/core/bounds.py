@@ -1,9 +1,9 @@
-"""A method's bounds that one schedule moves (an entropy band, a coefficient box): their config fields, the checks
-across them and their values at a step. Each bound field ``<name>`` moves from its value to ``<name>_final`` (None: it
-stays) under the schedule field ``<kind>`` and its ``<kind>_warmup_steps`` and ``<kind>_decay_steps``, which mean what
-``entropy_coef_schedule``, ``entropy_coef_warmup_steps`` and ``entropy_coef_decay_steps`` mean for TRL's entropy
-coefficient (docs/schedules.md), on the same clock (``entropy_schedule_unit``); through the warm-up a bound holds its
-value.
+"""A method's bounds that one schedule moves (an entropy band, a coefficient box), and a method's coefficient on a
+schedule (``ScheduledCoefficient``): their config fields, the checks across them and their values at a step. Each
+bound field ``<name>`` moves from its value to ``<name>_final`` (None: it stays) under the schedule field ``<kind>``
+and its ``<kind>_warmup_steps`` and ``<kind>_decay_steps``, which mean what ``entropy_coef_schedule``,
+``entropy_coef_warmup_steps`` and ``entropy_coef_decay_steps`` mean for TRL's entropy coefficient (docs/schedules.md),
+on the same clock (``entropy_schedule_unit``); through the warm-up a bound holds its value.
 """
 
 from dataclasses import Field, dataclass, field
@@ -149,3 +149,89 @@ class ScheduledBounds:
                     f"update would clip it there at once. Move it inside (or widen them), or set {self.needs}=False "
                     "to keep it fixed."
                 )
+
+
+@dataclass(frozen=True)
+class ScheduledCoefficient:
+    """A method's coefficient field ``name`` on a schedule, with the fields TRL's ``entropy_coef`` has (docs/
+    schedules.md): ``<name>_schedule``, ``<name>_final``, ``<name>_warmup_steps``, ``<name>_warmup_start`` and
+    ``<name>_decay_steps``, on the clock ``entropy_schedule_unit``; ``what`` names the coefficient in their help."""
+
+    name: str
+    what: str
+
+    def kind_field(self) -> Field:
+        return config_field(
+            "constant",
+            f"Schedule of {self.what} ({self.name}) over training: 'constant', or 'linear' or 'cosine' to "
+            f"{self.name}_final (reached after the last step), after {self.name}_warmup_steps, on the clock of "
+            "entropy_schedule_unit. See docs/schedules.md.",
+            choices=SCHEDULES,
+        )
+
+    def final_field(self) -> Field:
+        return config_field(
+            None,
+            f"Final value of {self.name} under a 'linear' or 'cosine' {self.name}_schedule.",
+            valid=Range(0),
+            none_means="(no final value: the schedule must be 'constant')",
+        )
+
+    def warmup_field(self) -> Field:
+        return config_field(
+            0,
+            f"Steps (or cycles, see entropy_schedule_unit) over which {self.name} rises linearly from "
+            f"{self.name}_warmup_start; 0: no warm-up.",
+            valid=Range(0, integer=True),
+        )
+
+    def warmup_start_field(self) -> Field:
+        return config_field(0.0, f"{self.what} at the start of {self.name}_warmup_steps.", valid=Range(0))
+
+    def decay_field(self) -> Field:
+        return config_field(
+            None,
+            f"Steps (or cycles) from the end of the warm-up to {self.name}_final.",
+            valid=Range(1, integer=True),
+            none_means="(to the run's last step, max_steps)",
+        )
+
+    def schedule(self, config) -> Schedule:
+        name = self.name
+        return Schedule(
+            kind=getattr(config, f"{name}_schedule"),
+            start=getattr(config, name),
+            final=getattr(config, f"{name}_final"),
+            warmup_steps=getattr(config, f"{name}_warmup_steps"),
+            warmup_start=getattr(config, f"{name}_warmup_start"),
+            decay_steps=getattr(config, f"{name}_decay_steps"),
+        )
+
+    def check(self, config) -> None:
+        """Refuse, naming the field: a moving schedule without a final value, and a setting nothing reads."""
+        schedule, name = self.schedule(config), self.name
+        if schedule.kind != "constant" and schedule.final is None:
+            raise ValueError(f"{name}_schedule={schedule.kind!r} needs {name}_final, the value it moves to.")
+        constant = schedule.kind == "constant"
+        unused = [
+            (f"{name}_final", schedule.final is not None and constant),
+            (f"{name}_decay_steps", schedule.decay_steps is not None and constant),
+            (f"{name}_warmup_start", schedule.warmup_start != 0.0 and schedule.warmup_steps == 0),
+        ]
+        for field_name, ignored in unused:
+            if ignored:
+                raise ValueError(
+                    f"{field_name}={getattr(config, field_name)!r} would be ignored under {name}_schedule="
+                    f"{schedule.kind!r} and {name}_warmup_steps={schedule.warmup_steps}. Leave it out, or set what "
+                    "uses it."
+                )
+
+    def value(self, trainer) -> tuple[float, float]:
+        """``(value, u)`` at the optimizer step ``trainer`` is running (between steps: the next one)."""
+        config, state = trainer.args, trainer.state
+        schedule = self.schedule(config)
+        if not schedule.moves:
+            return schedule.start, 0.0
+        step, total = run_clock(config, state.global_step, state.max_steps, trainer.num_iterations)
+        require_run_length([schedule], total, f"{self.name}_schedule", f"{self.name}_decay_steps")
+        return schedule.value(step, total), schedule.progress(step, total)

@@ -1,4 +1,5 @@
-"""The entropy head: per-token log-prob, entropy and clamped entropy of the completion, from the fused kernel.
+"""The entropy head: per-token log-prob, entropy and clamped (or SIREN's top-p) entropy of the completion, from the
+fused kernel.
 
 The head is installed by patching the model's ``forward`` (as TRL does for its own fused head), so the call still goes
 through whatever wraps the model (DDP, FSDP, DeepSpeed, PEFT) and gradient synchronisation stays intact. Called
@@ -44,6 +45,10 @@ class EntropyHeadRequest:
         chunk_size: kernel chunk size in tokens (None: the kernel's default).
         backend: kernel backend, "auto", "torch" or "triton".
         compute_aux_loss: also return the MoE router load-balancing loss (the model must have a router).
+        top_p: SIREN's mass ``p`` in ``(0, 1]``: also compute the entropy over each position's top-p set (the token
+            whose mass crosses ``p`` left out) and the set's size; None skips it. Needs ``clamp_fraction == 0``.
+        top_k: with ``top_p``, the set is within the ``top_k`` largest logits (None: the whole vocabulary).
+        include_crossing: with ``top_p``, also keep the token whose mass crosses ``p`` (the standard nucleus).
     """
 
     logits_to_keep: int
@@ -51,6 +56,9 @@ class EntropyHeadRequest:
     chunk_size: int | None = None
     backend: str = "auto"
     compute_aux_loss: bool = False
+    top_p: float | None = None
+    top_k: int | None = None
+    include_crossing: bool = False
 
 
 @dataclass
@@ -61,6 +69,8 @@ class EntropyHeadOutput(ModelOutput):
     entropy: torch.Tensor | None = None
     clamped_entropy: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None  # the router load-balancing loss, when requested
+    top_p_entropy: torch.Tensor | None = None  # with top_p
+    top_p_set_size: torch.Tensor | None = None  # with top_p: float, no gradient
 
 
 def logit_transform(text_config) -> tuple[float, float | None]:
@@ -183,19 +193,26 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
                 logit_scale=logit_scale,
                 final_logit_softcapping=final_logit_softcapping,
                 gather_parameters=gather_lm_head,
+                top_p=entropy_head.top_p,
+                top_k=entropy_head.top_k,
+                include_crossing=entropy_head.include_crossing,
+                return_kept_count=entropy_head.top_p is not None,
             )
         # `masked_scatter` keeps an all-masked micro-batch connected to the graph (a differentiable zero).
-        log_probs, entropy, clamped_entropy = (
+        log_probs, entropy, third, *set_size = (
             mask.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, x) for x in per_token
         )
         aux_loss = None
         if entropy_head.compute_aux_loss:
             aux_loss = router_load_balancing_loss(self, backbone_outputs.router_logits, attention_mask)
+        top_p = entropy_head.top_p is not None
         return EntropyHeadOutput(
             log_probs=log_probs,
             entropy=entropy,
-            clamped_entropy=clamped_entropy if entropy_head.clamp_fraction > 0 else None,
+            clamped_entropy=third if entropy_head.clamp_fraction > 0 else None,
             aux_loss=aux_loss,
+            top_p_entropy=third if top_p else None,
+            top_p_set_size=set_size[0] if top_p else None,
         )
 
     model.forward = types.MethodType(forward, model)
@@ -203,12 +220,15 @@ def install_entropy_head(model, temperature: float, cast_lm_head_to_fp32: bool =
 
 @dataclass
 class ScoredCompletions:
-    """Per-token statistics of the completions, ``(B, T)``, and the MoE router loss when it was asked for."""
+    """Per-token statistics of the completions, ``(B, T)``, and the MoE router loss when it was asked for. With
+    ``top_p`` requested, also the top-p set's entropy (differentiable) and size (float, no gradient); else None."""
 
     log_probs: torch.Tensor
     entropy: torch.Tensor
     clamped_entropy: torch.Tensor | None
     router_loss: torch.Tensor | None
+    top_p_entropy: torch.Tensor | None = None
+    top_p_set_size: torch.Tensor | None = None
 
 
 def score_completions(
@@ -247,6 +267,8 @@ def score_completions(
         entropy=torch.cat([o.entropy for o in outputs]),
         clamped_entropy=torch.cat([o.clamped_entropy for o in outputs]) if request.clamp_fraction > 0 else None,
         router_loss=torch.stack([o.aux_loss for o in outputs]).mean() if request.compute_aux_loss else None,
+        top_p_entropy=torch.cat([o.top_p_entropy for o in outputs]) if request.top_p is not None else None,
+        top_p_set_size=torch.cat([o.top_p_set_size for o in outputs]) if request.top_p is not None else None,
     )
 
 

@@ -48,6 +48,17 @@ class TokenGate:
         return per_token_loss
 
 
+@dataclass(frozen=True)
+class TopPRule:
+    """The top-p set the kernel keeps for ``batch.top_p_entropy``: the prefix of the logits ranked down whose
+    cumulative full-softmax mass stays below ``p``, among the ``k`` largest; the token whose mass crosses ``p`` is left
+    out unless ``include_crossing``."""
+
+    p: float
+    k: int
+    include_crossing: bool = False
+
+
 class MethodPart:
     """One method's seams. Every default contributes nothing, so a part fills only the seams of the places it acts.
 
@@ -95,6 +106,10 @@ class MethodPart:
     def clamp_fraction(self) -> float:
         """Fraction of the vocabulary dropped for the clamped entropy; 0: the method needs none."""
         return 0.0
+
+    def top_p_rule(self) -> TopPRule | None:
+        """The top-p set of ``batch.top_p_entropy``; None: the method needs none."""
+        return None
 
     def token_advantages(self, batch: CompletionBatch) -> tuple[torch.Tensor | None, Metrics]:
         """The token advantages the surrogate multiplies, ``(B, 1)`` or ``(B, T)``, made from

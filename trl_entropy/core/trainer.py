@@ -34,7 +34,7 @@ from .head import (
     unsupported_head_reason,
     unsupported_head_reason_at,
 )
-from .parts import MethodPart, Metrics, TokenGate, TokenMean
+from .parts import MethodPart, Metrics, TokenGate, TokenMean, TopPRule
 from .schedules import scheduled_entropy_coef
 from .statistics import global_token_mean
 from .trl.advantages import advantages_around_baseline, summed_rewards
@@ -42,6 +42,12 @@ from .trl.bridge import TRLBridge
 from .trl.metrics import loss_step_metrics
 from .trl.objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
 from .trl.surrogates import importance_ratio, policy_surrogate, vespo_weights
+
+
+def generation_batch_mask(inputs: dict) -> torch.Tensor:
+    """The completion tokens that count: the completion mask times TRL's tool mask."""
+    completion_mask = inputs["completion_mask"]
+    return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
 
 
 class EntropyGRPOTrainer(TRLBridge):
@@ -163,22 +169,27 @@ class EntropyGRPOTrainer(TRLBridge):
         """The rollout policy's mean entropy over the valid tokens of every rank's generation batch ``output``: the one
         kept from TRL's rollout pass where TRL makes that pass, else one scoring pass without gradient (on-policy the
         weights are the rollout policy's). Every rank must call it."""
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        mask = completion_mask if "tool_mask" not in output else completion_mask * output["tool_mask"]
         entropy = output.get(OLD_ENTROPY_KEY)
         if entropy is None:
-            args = self.args
-            batch_size = args.per_device_train_batch_size if self.mode == "train" else args.per_device_eval_batch_size
-            with torch.no_grad():
-                entropy = self.score_tokens(
-                    self.model,
-                    torch.cat([output["prompt_ids"], completion_ids], dim=1),
-                    torch.cat([output["prompt_mask"], completion_mask], dim=1),
-                    completion_ids.size(1),
-                    batch_size=batch_size,
-                    multimodal=output,
-                ).entropy
-        return global_token_mean(self.accelerator, entropy, mask)
+            entropy = self.score_generation_batch(output).entropy
+        return global_token_mean(self.accelerator, entropy, generation_batch_mask(output))
+
+    def score_generation_batch(self, output: dict, top_p_rule: TopPRule | None = None) -> ScoredCompletions:
+        """One scoring pass without gradient over this rank's generation batch ``output``, in micro-batches of the
+        mode's per-device size, as TRL scores its rollout log-probs."""
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        args = self.args
+        batch_size = args.per_device_train_batch_size if self.mode == "train" else args.per_device_eval_batch_size
+        with torch.no_grad():
+            return self.score_tokens(
+                self.model,
+                torch.cat([output["prompt_ids"], completion_ids], dim=1),
+                torch.cat([output["prompt_mask"], completion_mask], dim=1),
+                completion_ids.size(1),
+                batch_size=batch_size,
+                multimodal=output,
+                top_p_rule=top_p_rule,
+            )
 
     def generation_cycle(self) -> tuple[int, int]:
         """``(k, K)``: the 0-based index of the current generation cycle (counted from the optimizer step, so a resumed
@@ -198,6 +209,7 @@ class EntropyGRPOTrainer(TRLBridge):
         clamp_fraction=0.0,
         aux_loss=False,
         multimodal=None,
+        top_p_rule: TopPRule | None = None,
     ) -> ScoredCompletions:
         """Per-token log-probs, entropies, clamped entropies (when ``clamp_fraction > 0``), the MoE router loss (when
         ``aux_loss``) of the last ``logits_to_keep`` positions, from the entropy head; a VLM's ``multimodal`` too."""
@@ -207,6 +219,9 @@ class EntropyGRPOTrainer(TRLBridge):
             chunk_size=self.args.entropy_kernel_chunk_size,
             backend=self.args.entropy_kernel_backend,
             compute_aux_loss=aux_loss,
+            top_p=None if top_p_rule is None else top_p_rule.p,
+            top_k=None if top_p_rule is None else top_p_rule.k,
+            include_crossing=top_p_rule is not None and top_p_rule.include_crossing,
         )
         return score_completions(
             model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast, multimodal
@@ -245,13 +260,17 @@ class EntropyGRPOTrainer(TRLBridge):
             clamp_fraction=max((part.clamp_fraction() for part in self.parts), default=0.0),
             aux_loss=self.aux_loss_enabled,
             multimodal=inputs,  # a VLM's image inputs among them
+            top_p_rule=self.top_p_rule(),
         )
+
+    def top_p_rule(self) -> TopPRule | None:
+        """The top-p set a part asks the kernel for (one regulariser acts: at most one part asks)."""
+        return next((rule for part in self.parts if (rule := part.top_p_rule()) is not None), None)
 
     def completion_batch(self, inputs, scored: ScoredCompletions) -> CompletionBatch:
         """What every seam sees, complete before any runs: the scores, the tokens that count, the generation batch's
         group advantages, rollout entropy and carried tensors, and the tokens TRL's high-entropy filter keeps."""
-        completion_mask = inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = generation_batch_mask(inputs)
         old_log_probs, group_advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
         carried = {key for part in self.parts for key in part.carried_token_keys}
         batch = CompletionBatch(
@@ -264,6 +283,8 @@ class EntropyGRPOTrainer(TRLBridge):
             mode=self.mode,
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
             old_entropy=self.rollout_entropy(inputs, scored.entropy),
+            top_p_entropy=scored.top_p_entropy,
+            top_p_set_size=scored.top_p_set_size,
             carried={key: inputs[key] for key in sorted(carried) if key in inputs},
         )
         if self.top_entropy_quantile < 1.0:

@@ -86,3 +86,33 @@ def check_target_ids(targets: torch.Tensor, vocab: int) -> None:
     outside = (targets < 0) | (targets >= vocab)
     if targets.numel() and bool(outside.any()):
         raise ValueError(f"target ids must be in [0, V) = [0, {vocab}), got {targets[outside][0].item()}")
+
+
+def check_top_p(top_p, top_k, include_crossing, clamp_fraction: float, return_kept_count) -> tuple[float, int | None]:
+    """The top-p options, checked: ``(top_p, top_k)`` as a float and an int (or None). ``clamp_fraction`` is the
+    checked float; the clamp and top-p are two rules for the same output, so one of them must be off."""
+    if not isinstance(include_crossing, bool):
+        raise ValueError(f"include_crossing must be a bool, got {include_crossing!r}")
+    if not isinstance(return_kept_count, bool):
+        raise ValueError(f"return_kept_count must be a bool, got {return_kept_count!r}")
+    if top_p is None:
+        if top_k is not None:
+            raise ValueError(f"top_k limits the top-p set: it needs top_p, got top_k={top_k!r} with top_p=None")
+        if include_crossing:
+            raise ValueError("include_crossing=True changes the top-p set: it needs top_p, got top_p=None")
+        if return_kept_count:
+            raise ValueError("return_kept_count=True returns the top-p set's size: it needs top_p, got top_p=None")
+        return None, None
+    if isinstance(top_p, bool):
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    top_p = finite_float(top_p, "top_p", "a number in (0, 1]")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p}")
+    if clamp_fraction != 0.0:
+        raise ValueError(
+            f"clamp_fraction and top_p are two rules for the third output: with top_p={top_p} set, clamp_fraction "
+            f"must be 0, got {clamp_fraction}"
+        )
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    return top_p, top_k

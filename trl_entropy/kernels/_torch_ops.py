@@ -1,13 +1,14 @@
 """PyTorch implementation of the per-chunk work: forward row statistics and the backward logits gradient.
 
-Both functions work on one chunk of logits ``z`` (rows = tokens, fp32, contiguous) and overwrite it; the caller
+Both functions work on one chunk of logits ``z`` (rows = tokens, fp32, contiguous) and may overwrite it; the caller
 (`logprob_entropy.py`) owns the chunking, the matmuls and the per-token bookkeeping. Notation, per row:
 
 * ``m``  the row max, ``y = m - z >= 0`` (exact near the max), ``e = exp(-y)``;
 * ``s_rest`` / ``sy_rest``: ``sum e`` / ``sum e*y`` over the row **without the target column** (the target's own
   term is added back from its logit, so that ``1 - p_target`` never comes out of a cancellation);
 * with a clamp, ``thr`` is the row's k-th smallest logit, kept entries are ``z > thr``, and ``sc_rest`` /
-  ``syc_rest`` are the same sums restricted to kept entries.
+  ``syc_rest`` are the same sums restricted to kept entries. With SIREN's top-p set, ``_top_p.py`` gives ``thr`` and
+  these sums instead, and ``grad_tile`` uses them the same way.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ BLOCK_BYTES_CPU = 1 << 20  # bytes of logits per row block on the CPU
 
 
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed; ``work`` is an fp32 buffer of >= 2 * z.numel().
+    """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed with a clamp (``k > 0``), left unchanged without
+    one (the top-p set is selected from it afterwards); ``work`` is an fp32 buffer of >= 2 * z.numel().
 
     Row block by row block (cache-sized on the CPU), ``e`` and ``-e*y`` sit in one ``(b, 2, V)`` buffer: their row
     sums are one reduction, and the two clamped sums one batched matrix-vector product with the kept mask (no masked

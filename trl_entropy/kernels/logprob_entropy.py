@@ -6,7 +6,8 @@ TRL's fused head does it), and ``z = y / T``:
 
 * ``log_probs[i] = z[i, t_i] - logsumexp(z[i])``
 * ``entropy[i]   = H(softmax(z[i]))``
-* ``clamped[i]   = H(softmax over the V - k largest entries of z[i])``, ``k = floor(clamp_fraction * V)``
+* ``clamped[i]   = H(softmax over the V - k largest entries of z[i])``, ``k = floor(clamp_fraction * V)``, or with
+  ``top_p``, over SIREN's top-p set of the row (``_top_p.py``)
 
 Rows (tokens) are processed ``chunk_size`` at a time; only one chunk of logits exists at any moment, forward or
 backward. The forward keeps a few floats per token; the backward recomputes each chunk's logits.
@@ -24,12 +25,14 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _torch_ops
-from ._checks import check_chunk_size, check_options, check_target_ids, check_tensors
+from ._checks import check_chunk_size, check_options, check_target_ids, check_tensors, check_top_p
+from ._top_p import TopPRule, top_p_stats
 
 
 __all__ = [
     "ChunkedLogProbEntropyFunction",
     "LogitMap",
+    "TopPRule",
     "chunked_logprob_entropy",
     "default_chunk_size",
     "triton_available",
@@ -195,33 +198,45 @@ def _vocab_tile(vocab: int, d: int, fast: bool, full_precision: bool) -> int:
 # --------------------------------------------------------------------------------------------------------------------
 # Per-token formulas shared by both backends
 # --------------------------------------------------------------------------------------------------------------------
-def _finalize(stats: dict[str, torch.Tensor], k: int):
-    """Outputs and saved statistics from the raw row sums (all (n,) fp32). See docs/kernel.md, "Formulas"."""
+def _log_sum_e(y_t: torch.Tensor, s_rest: torch.Tensor) -> torch.Tensor:
+    """``log sum_a exp(z_a - m)`` of each row from its target's ``y_t`` and ``s_rest``: ``log1p((e_t - 1) + s_rest)``,
+    exact when the target is the max (``p_t -> 1``)."""
+    return torch.log1p(torch.expm1(-y_t) + s_rest)
+
+
+def _finalize(stats: dict[str, torch.Tensor]):
+    """Outputs and saved statistics from the raw row sums (all (n,) fp32). See docs/kernel.md, "Formulas". With a
+    kept set (``thr`` in ``stats``: the clamp's or the top-p set), the third output is its entropy."""
     y_t = stats["y_t"]
     e_t = torch.exp(-y_t)
     em1 = torch.expm1(-y_t)  # e_t - 1, exact near the max
     s_rest = stats["s_rest"]
-    # log(sum e) = log1p((e_t - 1) + s_rest): exact when the target is the max (p_t -> 1)
-    logs = torch.log1p(em1 + s_rest)
+    logs = _log_sum_e(y_t, s_rest)
     ybar = (stats["sy_rest"] + e_t * y_t) / (e_t + s_rest)
     entropy = logs + ybar
     log_probs = -y_t - logs
     saved = {"m": stats["m"], "neg_logs": -logs, "ybar": ybar, "log_probs": log_probs}
-    if k > 0:
+    if "thr" in stats:
         kept_t = stats["kept_t"]
         sc_rest = stats["sc_rest"]
         logs_c = torch.where(kept_t > 0, torch.log1p(em1 + sc_rest), torch.log(sc_rest))
         ybar_c = (stats["syc_rest"] + kept_t * e_t * y_t) / (kept_t * e_t + sc_rest)
         clamped = logs_c + ybar_c
+        if "kept_count" in stats:  # the top-p set may be empty (the clamp's never is): H = 0, with no gradient
+            empty = stats["kept_count"] == 0
+            clamped = clamped.masked_fill(empty, 0.0)
+            # log sum_K e = +inf makes the backward's r = sum e / sum_K e exactly 0, hence every coefficient of the set
+            logs_c = logs_c.masked_fill(empty, math.inf)
+            ybar_c = ybar_c.masked_fill(empty, 0.0)
         saved.update(thr=stats["thr"], logs_c=logs_c, ybar_c=ybar_c)
     else:
         clamped = entropy.clone()
     return log_probs, entropy, clamped, saved
 
 
-def _backward_coefficients(saved, g_lp, g_h, g_c, k):
+def _backward_coefficients(saved, g_lp, g_h, g_c):
     """Per-token coefficients of dL/dz = p * (a0 + b0 y) [+ kept * p * (da + db y)] (+ the target entry)."""
-    if k == 0 and g_c is not None:  # clamped entropy is the entropy
+    if "thr" not in saved and g_c is not None:  # no kept set: the third output is the entropy
         g_h = g_c if g_h is None else g_h + g_c
         g_c = None
     ybar = saved["ybar"]
@@ -288,17 +303,21 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
 # autograd.Function
 # --------------------------------------------------------------------------------------------------------------------
 class ChunkedLogProbEntropyFunction(torch.autograd.Function):
-    """``apply(hidden, weight, bias, targets, logit_map, k, chunk_size, backend[, gather_parameters])`` ->
-    (log_probs, entropy, clamped).
+    """``apply(hidden, weight, bias, targets, logit_map, k, chunk_size, backend[, gather_parameters[, top_p]])`` ->
+    (log_probs, entropy, clamped), and with ``top_p`` (log_probs, entropy, top_p_entropy, kept_count).
 
     ``logit_map`` is a :class:`LogitMap` (scale, soft-cap, temperature); ``k`` is the number of dropped entries per
-    row; ``backend`` is ``"torch"`` or ``"triton"`` (already resolved). ``weight`` and ``bias`` are saved as given:
-    when they are sharded parameters, the backward enters ``gather_parameters(weight, bias)`` (None: nothing) again
-    for its recompute. The forward does not gather: its caller already holds them whole.
+    row; ``top_p`` None or a :class:`TopPRule` (then ``k`` is 0): the third output is the entropy of that set instead,
+    and ``kept_count`` (no gradient) each row's set size; ``backend`` is ``"torch"`` or ``"triton"`` (already
+    resolved). ``weight`` and ``bias`` are saved as given: when they are sharded parameters, the backward enters
+    ``gather_parameters(weight, bias)`` (None: nothing) again for its recompute. The forward does not gather: its
+    caller already holds them whole.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, logit_map, k, chunk_size, backend, gather_parameters=None):
+    def forward(
+        ctx, hidden, weight, bias, targets, logit_map, k, chunk_size, backend, gather_parameters=None, top_p=None
+    ):
         ctx.set_materialize_grads(False)
         device = hidden.device
         n_tokens, d = hidden.shape
@@ -333,15 +352,22 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
                         _chunk_logits(h, w, b, logit_map, z)
                     else:
                         z[:, v0:v1] = _chunk_logits(h, w, b, logit_map, tile_buf[: n * (v1 - v0)].view(n, v1 - v0))
-                for name, value in ops.forward_stats(z, targets[r0:r1], k, work).items():
+                stats = ops.forward_stats(z, targets[r0:r1], k, work)  # without a clamp, z is left unchanged
+                if top_p is not None:
+                    log_sum_e = _log_sum_e(stats["y_t"], stats["s_rest"])
+                    stats.update(top_p_stats(z, targets[r0:r1], stats["m"], log_sum_e, top_p))
+                for name, value in stats.items():
                     chunks.setdefault(name, []).append(value)
-            names = ("m", "y_t", "s_rest", "sy_rest") + (("thr", "kept_t", "sc_rest", "syc_rest") if k > 0 else ())
+            names = ("m", "y_t", "s_rest", "sy_rest")
+            if k > 0 or top_p is not None:
+                names += ("thr", "kept_t", "sc_rest", "syc_rest")
+            if top_p is not None:
+                names += ("kept_count",)
             stats_all = {
                 name: torch.cat(chunks[name]) if name in chunks else torch.empty(0, device=device) for name in names
             }
-            log_probs, entropy, clamped, saved = _finalize(stats_all, k)
+            log_probs, entropy, clamped, saved = _finalize(stats_all)
 
-        ctx.k = k
         ctx.logit_map = logit_map
         ctx.chunk_size = chunk_size
         ctx.backend = backend
@@ -351,17 +377,21 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         ctx.gather_parameters = gather_parameters
         ctx.saved_names = tuple(saved)
         ctx.save_for_backward(hidden, weight, bias, targets, *saved.values())
-        return log_probs, entropy, clamped
+        if top_p is None:
+            return log_probs, entropy, clamped
+        kept_count = stats_all["kept_count"]
+        ctx.mark_non_differentiable(kept_count)
+        return log_probs, entropy, clamped, kept_count
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g_lp, g_h, g_c):
+    def backward(ctx, g_lp, g_h, g_c, *_kept_count_grad):
         hidden, weight, bias, targets, *saved_values = ctx.saved_tensors
         saved = dict(zip(ctx.saved_names, saved_values))
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        no_grads = (None,) * 7
         if (g_lp is None and g_h is None and g_c is None) or not (need_h or need_w or need_b):
-            return (None,) * 9
-        k = ctx.k
+            return (None,) * 3 + no_grads
         g_lp = g_lp.float() if g_lp is not None else None
         g_h = g_h.float() if g_h is not None else None
         g_c = g_c.float() if g_c is not None else None
@@ -371,7 +401,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
         # Under ZeRO-3 the head was re-partitioned after the forward: the recompute needs it whole again.
         with _gather_context(ctx.gather_parameters, weight, bias), torch.autocast(device.type, enabled=False):
             vocab = weight.shape[0]
-            coef_all = _backward_coefficients(saved, g_lp, g_h, g_c, k)
+            coef_all = _backward_coefficients(saved, g_lp, g_h, g_c)
             grad_h = torch.zeros(hidden.shape, device=device, dtype=torch.float32) if need_h else None
             grad_w = torch.zeros(weight.shape, device=device, dtype=torch.float32) if need_w else None
             grad_b = torch.zeros(vocab, device=device, dtype=torch.float32) if need_b else None
@@ -383,12 +413,7 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
+            *no_grads,
         )
 
 
@@ -408,9 +433,13 @@ def chunked_logprob_entropy(
     logit_scale: float = 1.0,
     final_logit_softcapping: float | None = None,
     gather_parameters: Callable[[torch.Tensor, torch.Tensor | None], AbstractContextManager] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of ``targets``, entropy and clamped entropy of ``softmax(z)``, with ``z`` the LM head's
-    logits as TRL's fused head computes them: ``y = (hidden @ weight.T + bias) * logit_scale``, soft-capped to
+    top_p: float | None = None,
+    top_k: int | None = None,
+    include_crossing: bool = False,
+    return_kept_count: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Per-token log-prob of ``targets``, entropy and clamped (or top-p) entropy of ``softmax(z)``, with ``z`` the LM
+    head's logits as TRL's fused head computes them: ``y = (hidden @ weight.T + bias) * logit_scale``, soft-capped to
     ``c * tanh(y / c)`` when ``final_logit_softcapping = c`` is given, then divided by the temperature.
 
     Args:
@@ -432,15 +461,27 @@ def chunked_logprob_entropy(
             in the forward and again in the recomputing backward (ZeRO-3 re-partitions them after the forward). It
             receives ``weight`` and ``bias`` as passed (``bias`` may be None); choosing what to gather is the caller's
             business (for example only ``torch.nn.Parameter``s, not copies it converted).
+        top_p: ``None`` or SIREN's mass ``p`` in ``(0, 1]`` (arXiv:2509.25133): the third output is then the entropy
+            of the softmax renormalised over the top-p set of each row: its largest logits, in rank order, while the
+            cumulative mass of the full softmax stays below ``p`` (the token whose mass crosses ``p`` is left out),
+            within the ``top_k`` largest; 0, with no gradient, where that set is empty (the largest probability
+            ``>= p``). Needs ``clamp_fraction == 0``. See docs/kernel.md, "Per-row thresholds".
+        top_k: with ``top_p``, ``None`` (the whole row) or an int ``>= 1``: the set is within the ``top_k`` largest.
+        include_crossing: with ``top_p``, also keep the token whose mass crosses ``p`` (the standard nucleus; the set
+            is then never empty).
+        return_kept_count: with ``top_p``, also return each row's set size ``|S|``.
 
     Returns:
         ``(log_probs, entropy, clamped_entropy)``, each ``(N,)`` fp32, differentiable w.r.t. ``hidden``, ``weight``
         and ``bias`` whichever of them enter the loss. With ``clamp_fraction == 0`` the clamped entropy equals the
-        entropy (same numbers, its gradient is the entropy's).
+        entropy (same numbers, its gradient is the entropy's); with ``top_p`` it is the top-p set's entropy. With
+        ``return_kept_count=True`` a fourth tensor follows: ``(N,)`` fp32, each row's top-p set size, no gradient.
     """
     clamp_fraction, temperature, logit_scale, final_logit_softcapping = check_options(
         clamp_fraction, temperature, backend, logit_scale, final_logit_softcapping, gather_parameters
     )
+    top_p, top_k = check_top_p(top_p, top_k, include_crossing, clamp_fraction, return_kept_count)
+    rule = None if top_p is None else TopPRule(top_p, top_k, include_crossing)
     logit_map = LogitMap(logit_scale, final_logit_softcapping, temperature)
     with _gather_context(gather_parameters, weight, bias):  # validated and multiplied whole
         check_tensors(hidden, weight, targets, bias)
@@ -453,7 +494,7 @@ def chunked_logprob_entropy(
         check_target_ids(targets, vocab)
         resolved = _resolve_backend(backend, hidden.device)
         k = int(math.floor(clamp_fraction * vocab))
-        return ChunkedLogProbEntropyFunction.apply(
+        outputs = ChunkedLogProbEntropyFunction.apply(
             hidden.contiguous(),
             weight.contiguous(),
             bias,
@@ -463,4 +504,6 @@ def chunked_logprob_entropy(
             chunk_size,
             resolved,
             gather_parameters,
+            rule,
         )
+        return outputs if return_kept_count or rule is None else outputs[:3]

@@ -21,6 +21,7 @@ from .erc import SPEC as _erc
 from .kl_cov import SPEC as _kl_cov
 from .qae import SPEC as _qae
 from .repo import SPEC as _repo
+from .siren import SPEC as _siren
 from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep, Variant
 from .steer import SPEC as _steer
 
@@ -86,6 +87,7 @@ SPECS: tuple[MethodSpec, ...] = (
     _entropic,
     _steer,
     _entrocraft,
+    _siren,
 )
 # Every name --method accepts -> its entry (a method with variants has one entry per variant).
 METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry in spec.entries().items()}

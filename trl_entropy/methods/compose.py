@@ -228,8 +228,8 @@ def methods_config_class(registry: dict[str, MethodSpec]) -> type:
 
 
 def refuse_contradicted_name(name: str, key: str, value, registry: dict[str, MethodSpec]) -> None:
-    """A registry name that stands for a choice (a variant's name, for its variant field's value) refuses another value,
-    naming the registry names that stand for the value set."""
+    """A registry name that stands for a choice (a variant's name, for its variant field's value) refuses another
+    value, naming the registry names that stand for the value set."""
     own = registry[name].config_class
     fitting = [
         other

@@ -100,8 +100,7 @@ class EntrocraftPart(MethodPart):
 
     def warn_if_nothing_moves(self, rewards: torch.Tensor) -> None:
         """NSR keeps only ``R − b₀ < 0``: with rewards that never fall below the offset, every advantage is 0."""
-        scored = rewards[~torch.isnan(rewards)]
-        if self.warned_offset or (scored < self.args.entrocraft_reward_offset).any():
+        if self.warned_offset or (rewards < self.args.entrocraft_reward_offset).any():  # NaN (unscorable) is not below
             return
         self.warned_offset = True
         warnings.warn(
@@ -116,11 +115,8 @@ class EntrocraftPart(MethodPart):
 class EntrocraftConfig(EntropyGRPOBaseConfig):
     r"""
     Configuration for [`EntrocraftTrainer`]: every field of [`EntropyGRPOBaseConfig`] plus Entrocraft's scheduled band.
-
-    Defaults are the authors' reference run (their README's linear band for Qwen3-4B-Base); the band is in nats at the
-    sampling temperature and specific to the model (docs/entrocraft.md lists the authors' other bands).
-
-    Parameters: each field's `help`; docs/entrocraft.md.
+    Defaults: the authors' reference run (Qwen3-4B-Base); the band is in nats at the sampling temperature and specific
+    to the model. Parameters: each field's `help`; docs/entrocraft.md (the authors' other bands too).
     """
 
     method_parts: ClassVar[tuple[type, ...]] = (EntrocraftPart,)
@@ -234,6 +230,10 @@ SPEC = MethodSpec(
         choose_when="the entropy made to follow a curve you draw in nats, by rejecting rollouts, with no coefficient",
         sources="the band, its schedules, the switch and the defaults from the authors' code (`lblaoke/entrocraft` "
         "at `26165bd`); the sign form is the abstract's",
+    ),
+    # The band [0, 5] in the first of two cycles, [0, 0] in the second: GRPO's advantages, then the negatives rejected.
+    short_run_settings=dict(
+        entrocraft_lower_start=0.0, entrocraft_lower_end=0.0, entrocraft_upper_start=10.0, entrocraft_upper_end=0.0
     ),
     # A band that holds every entropy: every cycle keeps GRPO's advantages.
     neutral=Neutral(ours=dict(entrocraft_shape="fixed", entrocraft_lower_start=0.0, entrocraft_upper_start=1e9)),

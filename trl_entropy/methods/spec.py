@@ -121,7 +121,9 @@ class MethodSpec:
     another loss. ``needs_ppo_clip``: it acts through the PPO clip of the loss type (moves its bound, or
     selects by where it binds); ``replaces_ppo_clip``: its surrogate has no PPO clip. The two never combine.
     ``sweep``: the values ``examples/toy_sweep.py`` tries on the toy task (None: the method is not swept).
-    ``docs``: what the docs' lists of methods say of it (``MethodDocs``).
+    ``docs``: what the docs' lists of methods say of it (``MethodDocs``). ``short_run_settings``: settings under which
+    every metric of the method moves within a few toy steps, where its defaults would not (the tests' short runs
+    compare those metrics across layouts and processes).
     """
 
     key: str
@@ -144,6 +146,7 @@ class MethodSpec:
     exports: tuple[type, ...] = ()
     sweep: Sweep | None = None
     docs: MethodDocs = field(default_factory=MethodDocs)
+    short_run_settings: dict = field(default_factory=dict)
 
     def entries(self) -> dict[str, "MethodSpec"]:
         """The registry's entries for this method: one per variant (its description and defaults), or itself."""

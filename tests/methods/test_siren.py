@@ -1,0 +1,253 @@
+"""SIREN, selective, self-anchored entropy regularisation (Jiang et al., arXiv:2509.25133; the authors' code,
+Linn3a/siren at fa59a8d; docs/siren.md).
+
+* the worked example of docs/siren.md number for number: the peak-entropy mask's quantiles (the padded position left
+  out), the mean, the penalty, the loss and its gradients, as pure functions and through the trainer's loss step;
+* the loss and every gradient of a training step against a float64 SIREN loss written here from the full logits, for
+  each loss type;
+* the anchor: measured once on the first generation batch under the rollout policy (against the float64 top-p
+  entropy of that batch), never again, not on resume either; a given anchor is never measured;
+* the coefficient's schedule, and the config's refusals naming the fields.
+
+The shared suites (the neutral setting against trl.GRPOTrainer, bad input, two processes, combinations and their
+float64 reference, docs) cover SIREN through the registry. The kernel's top-p entropy is tested in tests/kernels."""
+
+import math
+
+import pytest
+import torch
+from _reference.combined_reference import peak_mean, top_p_entropy
+from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
+from transformers import AutoModelForCausalLM
+
+from trl_entropy.core.batch import CompletionBatch
+from trl_entropy.core.trl.objectives import LOSS_TYPES
+from trl_entropy.methods.siren import (
+    SIRENConfig,
+    SIRENPart,
+    SIRENTrainer,
+    peak_entropy_mask,
+    sequence_mean_token_mean,
+    siren_penalty,
+)
+
+
+# The worked example: 2 sequences × 3 tokens, the last of the second padded; A = ±0.5 (scale_rewards="none"),
+# on-policy, dr_grpo with max_completion_length 3, c = 0.005, anchor 0.5.
+TOP_P_ENTROPY = [[0.2, 1.1, 0.6], [0.9, 0.0, 1.4]]
+MASK = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+PROBABILITIES = [[0.7, 0.4, 0.9], [0.3, 0.8, 0.5]]
+KEEP = [[False, True, False], [True, False, False]]  # q = 0.9 and 0.72; the padded 1.4 (> 0.72) is left out
+PENALTY_GRADIENT = [[0.0, 0.0025, 0.0], [0.0025, 0.0, 0.0]]
+
+
+def test_worked_example_the_mask_the_mean_and_the_penalty():
+    values = torch.tensor(TOP_P_ENTROPY, dtype=torch.float64, requires_grad=True)
+    keep = peak_entropy_mask(values, torch.tensor(MASK), 0.8)
+    assert keep.tolist() == KEEP
+    mean = sequence_mean_token_mean(values, keep)
+    assert mean.item() == pytest.approx(1.0)
+    penalty = siren_penalty(mean, 0.5, 0.005)
+    assert penalty.item() == pytest.approx(0.00125)
+    penalty.backward()
+    torch.testing.assert_close(values.grad, torch.tensor(PENALTY_GRADIENT, dtype=torch.float64))
+    # The float64 formula written out in the reference: the same mean.
+    assert peak_mean(values, torch.tensor(MASK), 0.8).item() == pytest.approx(1.0)
+
+
+def test_a_sequence_without_a_kept_token_counts_zero_and_still_counts():
+    values = torch.tensor([[1.0, 1.0, 1.0], [0.5, 2.0, 0.0]])  # the first: equal values, none above its quantile
+    keep = peak_entropy_mask(values, torch.ones(2, 3), 0.8)
+    assert keep.tolist() == [[False, False, False], [False, True, False]]
+    assert sequence_mean_token_mean(values, keep).item() == pytest.approx(1.0)  # (0 + 2.0) / 2
+
+
+def example_trainer(path, tokenizer, output_dir, **options):
+    options = {
+        **SMALL_BATCH,
+        "num_generations": 2,
+        "max_completion_length": 3,
+        "loss_type": "dr_grpo",
+        "scale_rewards": "none",
+        "siren_anchor": 0.5,
+        **options,
+    }
+    return toy_trainer(SIRENTrainer, toy_config(SIRENConfig, output_dir, **options), path, tokenizer, accumulation=1)
+
+
+def test_worked_example_through_the_trainer(toy_model_path, toy_tokenizer, tmp_path):
+    trainer = example_trainer(toy_model_path, toy_tokenizer, tmp_path)
+    trainer._metrics["train"].clear()
+    log_probs = torch.tensor(PROBABILITIES).log().requires_grad_()
+    top_p = torch.tensor(TOP_P_ENTROPY, requires_grad=True)
+    batch = CompletionBatch(
+        log_probs=log_probs,
+        old_log_probs=log_probs.detach(),
+        entropy=torch.zeros(2, 3),
+        clamped_entropy=None,
+        mask=torch.tensor(MASK),
+        group_advantages=torch.tensor([[0.5], [-0.5]]),
+        top_p_entropy=top_p,
+        top_p_set_size=torch.tensor([[3.0, 0.0, 2.0], [1.0, 4.0, 9.0]]),
+    )
+    advantages = trainer.token_advantages(batch)
+    per_token = trainer.surrogate(batch, trainer.ratio(batch), advantages)
+    policy_loss, loss = trainer.aggregate(batch, per_token, {})
+    loss = trainer.add_regularisers(batch, loss, policy_loss, None)
+    loss.backward()
+    assert policy_loss.item() == pytest.approx(-0.0833, abs=1e-4)
+    assert loss.item() == pytest.approx(-0.0821, abs=1e-4)
+    assert [[round(v, 4) + 0.0 for v in row] for row in log_probs.grad.tolist()] == [
+        [-0.0833] * 3,
+        [0.0833, 0.0833, 0],
+    ]
+    torch.testing.assert_close(top_p.grad, torch.tensor(PENALTY_GRADIENT))
+    metrics = trainer._metrics["train"]
+    assert metrics["siren/topp_entropy"] == [pytest.approx(1.0)]
+    assert metrics["siren/penalty"] == [pytest.approx(0.00125)]
+    assert metrics["siren/anchor"] == [0.5] and metrics["siren/coef"] == [0.005]
+    assert metrics["siren/kept_fraction"] == [pytest.approx(2 / 5)]
+    assert metrics["siren/topp_set_size"] == [pytest.approx((3 + 0 + 2 + 1 + 4) / 5)]
+    assert metrics["siren/empty_set_fraction"] == [pytest.approx(1 / 5)]
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_loss_and_every_gradient_equal_a_float64_siren_loss(warm_toy_policy_path, toy_tokenizer, tmp_path, loss_type):
+    """The penalty's value and every parameter's gradient against the float64 top-p entropy of the full logits, with
+    the policy term the loss type's own (the neutral trainer's, which the registry's suite holds equal to TRL's). The
+    warm policy is peaked: some positions' top token alone holds p (an empty set), others keep up to K tokens."""
+    options = dict(siren_anchor=0.3, siren_coef=0.5, siren_top_p=0.95, siren_top_k=3, siren_mask_ratio=0.5)
+    siren = build_trainer(
+        SIRENTrainer, SIRENConfig, warm_toy_policy_path, toy_tokenizer, tmp_path / "a", loss_type=loss_type, **options
+    )
+    plain = build_trainer(
+        SIRENTrainer,
+        SIRENConfig,
+        warm_toy_policy_path,
+        toy_tokenizer,
+        tmp_path / "b",
+        loss_type=loss_type,
+        **options | {"siren_coef": 0.0},
+    )
+    model = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)
+    inputs = make_grpo_batch(model, len(toy_tokenizer), seed=5)
+    ours, ours_grads = loss_and_gradients(siren, inputs)
+    base, base_grads = loss_and_gradients(plain, inputs)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, inputs["prompt_ids"].size(1) - 1 : -1]
+    entropy, sizes = top_p_entropy(logits, 0.95, 3)
+    mask = inputs["completion_mask"].double()
+    valid = sizes[mask.bool()]
+    assert (valid == 0).any() and (valid == 2).any() and (valid == 3).any(), valid  # empty sets, kept ones, K binding
+    penalty = 0.5 * (peak_mean(entropy, mask, 0.5) - 0.3) ** 2
+    penalty.backward()
+    torch.testing.assert_close((ours - base).double(), penalty.detach(), rtol=1e-5, atol=1e-7)
+    assert any(p.grad.abs().max() > 0 for p in model.parameters())
+    for name, parameter in model.named_parameters():
+        expected = parameter.grad
+        # The policy term's gradient cancels in fp32: its rounding, ~1e-7 of its size, stays in the difference.
+        atol = max(1e-7, 1e-5 * expected.abs().max().item(), 1e-6 * base_grads[name].abs().max().item())
+        difference = (ours_grads[name] - base_grads[name]).double()
+        torch.testing.assert_close(difference, expected, rtol=1e-4, atol=atol, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The anchor
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def recorded_run(path, tokenizer, output_dir, **options):
+    """A short toy run whose generation batches and anchor-measuring passes are recorded."""
+    args = toy_config(SIRENConfig, output_dir, **SMALL_BATCH, logging_steps=1, save_steps=1, **options)
+    trainer = toy_trainer(SIRENTrainer, args, path, tokenizer)
+    part = trainer.part(SIRENPart.key)
+    seen, measured = [], []
+    seen_batch, measure = part.on_generation_batch, trainer.score_generation_batch
+
+    def record_batch(batch):
+        seen.append({key: value.clone() for key, value in batch.items() if torch.is_tensor(value)})
+        seen_batch(batch)
+
+    def record_measure(batch, rule=None):
+        measured.append(rule)
+        return measure(batch, rule)
+
+    part.on_generation_batch, trainer.score_generation_batch = record_batch, record_measure
+    return trainer, seen, measured
+
+
+def test_the_anchor_is_measured_once_on_the_first_batch_under_the_rollout_policy(
+    toy_model_path, toy_tokenizer, tmp_path
+):
+    initial = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    trainer, seen, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=3)
+    trainer.train()
+    assert len(seen) == 3 and len(measured) == 1  # three generation batches, one measurement
+    first = seen[0]
+    input_ids = torch.cat([first["prompt_ids"], first["completion_ids"]], 1)
+    attention_mask = torch.cat([first["prompt_mask"], first["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = initial(input_ids=input_ids, attention_mask=attention_mask).logits[
+            :, first["prompt_ids"].size(1) - 1 : -1
+        ]
+    entropy, _ = top_p_entropy(logits, 0.8, 10000)
+    expected = peak_mean(entropy, first["completion_mask"].double(), 0.8).item()
+    assert trainer.siren_anchor == pytest.approx(expected, rel=1e-5)
+    logged = [entry["siren/anchor"] for entry in trainer.state.log_history if "siren/anchor" in entry]
+    assert logged == [pytest.approx(expected, rel=1e-5)] * 3
+
+
+def test_a_resumed_run_keeps_the_anchor_and_never_measures_again(toy_model_path, toy_tokenizer, tmp_path):
+    straight, _, _ = recorded_run(toy_model_path, toy_tokenizer, tmp_path / "straight", max_steps=2)
+    straight.train()
+    resumed, _, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path / "resumed", max_steps=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-1"))
+    assert measured == [] and resumed.siren_anchor == straight.siren_anchor
+
+
+def test_a_given_anchor_is_never_measured(toy_model_path, toy_tokenizer, tmp_path):
+    trainer, _, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=1, siren_anchor=0.25)
+    trainer.train()
+    assert measured == [] and trainer.siren_anchor == 0.25
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The coefficient's schedule and the config
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_coefficient_follows_its_schedule(toy_model_path, toy_tokenizer, tmp_path):
+    """Linear from 0.01 to 0 over a 4-step run after a 1-step warm-up from 0: c(s) as docs/schedules.md writes it."""
+    options = dict(siren_coef=0.01, siren_coef_schedule="linear", siren_coef_final=0.0, siren_coef_warmup_steps=1)
+    trainer, _, _ = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=4, **options)
+    trainer.train()
+    logged = [entry["siren/coef"] for entry in trainer.state.log_history if "siren/coef" in entry]
+    expected = [0.0] + [0.01 + (0.0 - 0.01) * (s - 1) / 3 for s in (1, 2, 3)]
+    assert logged == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"siren_top_p": 0.0}, "siren_top_p"),
+        ({"siren_top_p": 1.5}, "siren_top_p"),
+        ({"siren_top_k": 0}, "siren_top_k"),
+        ({"siren_mask_ratio": 1.0}, "siren_mask_ratio"),
+        ({"siren_coef": -0.1}, "siren_coef"),
+        ({"siren_coef_schedule": "linear"}, "siren_coef_schedule='linear' needs siren_coef_final"),
+        ({"siren_coef_final": 0.0}, "siren_coef_final=0.0 would be ignored"),
+        ({"siren_coef_warmup_start": 0.1}, "siren_coef_warmup_start=0.1 would be ignored"),
+        ({"entropy_coef": 0.01}, "SIREN controls entropy itself"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(options, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        toy_config(SIRENConfig, tmp_path, **options)
+
+
+def test_the_defaults_are_the_authors():
+    config = SIRENConfig(output_dir="unused", use_cpu=True)
+    values = (config.siren_coef, config.siren_top_p, config.siren_top_k, config.siren_mask_ratio)
+    assert values == (0.005, 0.8, 10000, 0.8) and config.siren_anchor is None and not config.siren_include_crossing
+    assert math.isclose(config.entropy_coef, 0.0)
