@@ -7,6 +7,7 @@ measured, ``(value, metrics)``; the loss step records the metrics (``TokenMean``
 tokens there, a collective every rank makes in the same order).
 """
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -157,11 +158,15 @@ class MethodPart:
         """Read back what ``rank_checkpoint_state`` saved (``core.checkpoint.load_rank_file``)."""
 
 
-def controller_parts_beside(config, part: type) -> list[str]:
-    """The keys of ``config``'s parts other than ``part`` that build controllers: each moves its method's coefficient
-    or clip toward an entropy target of its own."""
-    return [
-        other.key
-        for other in config.method_parts
-        if other is not part and other.controllers is not MethodPart.controllers
-    ]
+def warn_beside_entropy_drivers(config, part: type, subject: str) -> None:
+    """Warn, naming them, where ``config`` trains beside ``part`` a part that builds controllers (each moves its
+    method's coefficient or clip toward an entropy target of its own) or TRL's adaptive coefficient: two can pull
+    against each other. ``subject`` says what ``part`` does; the warning points at the code that builds the config."""
+    drivers = [p.key for p in config.method_parts if p is not part and p.controllers is not MethodPart.controllers]
+    drivers += ["use_adaptive_entropy"] if config.use_adaptive_entropy else []
+    if drivers:
+        warnings.warn(
+            f"{subject}, and {drivers} also drives the entropy to a target of its own: the two can pull against each "
+            "other.",
+            stacklevel=6,
+        )

@@ -24,14 +24,16 @@ import torch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.control import Controller, LastCycleMean
-from ..core.parts import MethodPart, controller_parts_beside
+from ..core.parts import MethodPart, warn_beside_entropy_drivers
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Variant
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep, Variant
 
 
-ENTROCRAFT_VARIANTS = ("code", "sign")
-ENTROCRAFT_SHAPES = ("linear", "cosine", "fixed")
-ENTROCRAFT_SOURCES = ("rollout", "previous_cycle")
+BAND = ("entrocraft_lower_start", "entrocraft_lower_end", "entrocraft_upper_start", "entrocraft_upper_end")
+# The toy sweep: bands that follow the toy's entropy down (0.58 nats at the start; GRPO's about 0.2 after 400 steps).
+TOY_BANDS = [
+    dict(zip(BAND, b, strict=True)) for b in ((0.45, 0.3, 0.55, 0.4), (0.5, 0.4, 0.6, 0.5), (0.4, 0.2, 0.5, 0.3))
+]
 # The branch of a cycle, as logged: negatives rejected (RAFT++), none, positives rejected (NSR).
 ABOVE, INSIDE, BELOW = 1, 0, -1
 
@@ -127,13 +129,13 @@ class EntrocraftConfig(EntropyGRPOBaseConfig):
         "it GRPO's own advantages; on the group-baseline axis) or 'sign' (ours, the estimator-agnostic form of the "
         "paper's abstract: the group baseline's advantages with the negative ones zeroed above the band and the "
         "positive ones below it; on the rollout-rejection axis, after any group baseline).",
-        choices=ENTROCRAFT_VARIANTS,
+        choices=("code", "sign"),
     )
     entrocraft_shape: str = config_field(
         "linear",
         "How the band moves from its start to its end values: 'linear' (the authors' reference run), 'cosine' "
         "(g(u) = (1 - cos(pi u))/2) or 'fixed' (the start values throughout).",
-        choices=ENTROCRAFT_SHAPES,
+        choices=("linear", "cosine", "fixed"),
     )
     entrocraft_lower_start: float = config_field(
         0.6, "Lower bound L_0 of the band in the first cycle (nats); the authors' reference run.", valid=Range(0)
@@ -160,7 +162,7 @@ class EntrocraftConfig(EntropyGRPOBaseConfig):
         "Where the cycle's entropy comes from: 'rollout' (the authors': the generation batch's rollout entropy; one "
         "pass without gradient per cycle where TRL computes no rollout log-probs) or 'previous_cycle' (ours: the "
         "previous cycle's training entropy; free, one cycle late: the first cycle keeps GRPO's advantages).",
-        choices=ENTROCRAFT_SOURCES,
+        choices=("rollout", "previous_cycle"),
     )
 
     def check_settings(self) -> None:
@@ -180,14 +182,9 @@ class EntrocraftConfig(EntropyGRPOBaseConfig):
                 f"{', '.join(ignored)} would be ignored: entrocraft_shape='fixed' holds the start values throughout, "
                 "and entrocraft_variant='sign' shifts no reward. Leave it out, or take the shape or variant using it."
             )
-        drivers = controller_parts_beside(self, EntrocraftPart)
-        drivers += ["use_adaptive_entropy"] if self.use_adaptive_entropy else []
-        if drivers:
-            warnings.warn(
-                f"Entrocraft holds the entropy in its band, and {drivers} also drives the entropy to a target of its "
-                "own: the two can pull against each other (docs/entrocraft.md).",
-                stacklevel=5,  # the code that builds the config
-            )
+        warn_beside_entropy_drivers(
+            self, EntrocraftPart, "Entrocraft holds the entropy in its band"
+        )
 
     def reads_max_steps(self) -> bool:
         return EntropyGRPOBaseConfig.reads_max_steps(self) or self.entrocraft_shape != "fixed"  # K moves the band
@@ -210,6 +207,7 @@ SPEC = MethodSpec(
             "Entrocraft: RAFT++ / GRPO / NSR switched by the entropy's band",
             {"entrocraft_variant": "code"},
             acts_on=(Place.GROUP_BASELINE,),
+            sweep=Sweep(TOY_BANDS, fixed={"entrocraft_reward_offset": 0.5}),  # the toy's 0/1 rewards: ±0.5 as ±1
         ),
         "entrocraft_sign": Variant(
             "Entrocraft (sign): advantages of one sign rejected by the entropy's band",
@@ -232,9 +230,7 @@ SPEC = MethodSpec(
         "at `26165bd`); the sign form is the abstract's",
     ),
     # The band [0, 5] in the first of two cycles, [0, 0] in the second: GRPO's advantages, then the negatives rejected.
-    short_run_settings=dict(
-        entrocraft_lower_start=0.0, entrocraft_lower_end=0.0, entrocraft_upper_start=10.0, entrocraft_upper_end=0.0
-    ),
+    short_run_settings=dict(zip(BAND, (0.0, 0.0, 10.0, 0.0), strict=True)),
     # A band that holds every entropy: every cycle keeps GRPO's advantages.
     neutral=Neutral(ours=dict(entrocraft_shape="fixed", entrocraft_lower_start=0.0, entrocraft_upper_start=1e9)),
     name="Entrocraft",
@@ -246,4 +242,5 @@ SPEC = MethodSpec(
         "Li and others",
     ),
     tag="entrocraft",
+    sweep=Sweep(TOY_BANDS),
 )

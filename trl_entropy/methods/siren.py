@@ -25,7 +25,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean, TopPRule
 from ..core.trainer import EntropyGRPOTrainer, generation_batch_mask
-from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 SIREN_COEF = ScheduledCoefficient("siren_coef", "SIREN's penalty coefficient c")
@@ -208,4 +208,7 @@ SPEC = MethodSpec(
         "Jiang and others",
     ),
     tag="siren",
+    # The toy sweep: the coefficient from ten times the authors' 0.005 up (the toy's entropy moves by tenths of a nat,
+    # so the penalty's square is small).
+    sweep=Sweep({"siren_coef": [0.05, 0.5, 5.0]}),
 )

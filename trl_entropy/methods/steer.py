@@ -30,7 +30,7 @@ from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
-from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place
+from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
 
 STEER_MAPPINGS = ("exponential", "linear")
@@ -203,4 +203,6 @@ SPEC = MethodSpec(
         "hao2025steer", "Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective", "2510.10150", 2025
     ),
     tag="steer",
+    # The toy sweep: the smallest weight from the authors' 0.8 down.
+    sweep=Sweep({"steer_weight_min": [0.8, 0.5, 0.2]}),
 )
