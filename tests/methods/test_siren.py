@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from _reference.combined_reference import peak_mean, top_p_entropy
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from transformers import AutoModelForCausalLM
 
@@ -30,6 +30,44 @@ from trl_entropy.methods.siren import (
     sequence_mean_token_mean,
     siren_penalty,
 )
+
+
+# SIREN's formulas in float64, the authors' functions written out (its tests and its piece of the pair table use them).
+
+
+def top_p_entropy(logits, p, k, include_crossing=False):
+    """SIREN (arXiv:2509.25133; the authors' ``efficient_top_p_sampling``): the entropy of the softmax renormalised
+    over the logits ranked down whose cumulative full-softmax mass stays below ``p``, among the ``k`` largest (the
+    token whose mass crosses ``p`` left out, or kept with ``include_crossing``); 0 with no gradient on an empty set.
+    Returns ``(entropy, set size)``."""
+    probs = torch.softmax(logits.detach(), -1)
+    ordered = probs.sort(-1, descending=True)
+    mass = ordered.values.cumsum(-1)
+    before = mass - ordered.values if include_crossing else mass
+    rank = torch.arange(logits.size(-1))
+    keep_ranked = (before < p) & (rank < k)
+    kept = torch.zeros_like(keep_ranked).scatter(-1, ordered.indices, keep_ranked)
+    empty = ~kept.any(-1, keepdim=True)
+    log_softmax = torch.log_softmax(logits.masked_fill(~kept | empty, -math.inf).masked_fill(empty, 0.0), -1)
+    log_softmax = log_softmax.masked_fill(~kept, 0.0)  # before the product: 0 · (−inf) would make the gradient NaN
+    return -(log_softmax.exp().masked_fill(~kept, 0.0) * log_softmax).sum(-1), kept.sum(-1).double()
+
+
+def peak_mean(values, mask, ratio):
+    """SIREN's peak-entropy mask and mean: per sequence the valid values strictly above their ``ratio``-quantile
+    (linear interpolation), averaged per sequence, then over the sequences (one without a kept value counts 0)."""
+    means = []
+    for row, valid in zip(values, mask.bool(), strict=True):
+        chosen = row.detach()[valid].sort().values
+        if len(chosen) == 0:
+            means.append(row.sum() * 0.0)
+            continue
+        position = ratio * (len(chosen) - 1)
+        low = math.floor(position)
+        quantile = chosen[low] + (position - low) * (chosen[min(low + 1, len(chosen) - 1)] - chosen[low])
+        keep = valid & (row.detach() > quantile)
+        means.append((row * keep).sum() / keep.sum().clamp(min=1))
+    return torch.stack(means).mean()
 
 
 # The worked example: 2 sequences × 3 tokens, the last of the second padded; A = ±0.5 (scale_rewards="none"),
@@ -139,7 +177,7 @@ def test_loss_and_every_gradient_equal_a_float64_siren_loss(warm_toy_policy_path
     entropy, sizes = top_p_entropy(logits, 0.95, 3)
     mask = inputs["completion_mask"].double()
     valid = sizes[mask.bool()]
-    assert (valid == 0).any() and (valid == 2).any() and (valid == 3).any(), valid  # empty sets, kept ones, K binding
+    assert (valid == 0).any() and (valid == 3).any(), valid  # empty sets, and sets K cuts short (2 or more tokens)
     penalty = 0.5 * (peak_mean(entropy, mask, 0.5) - 0.3) ** 2
     penalty.backward()
     torch.testing.assert_close((ours - base).double(), penalty.detach(), rtol=1e-5, atol=1e-7)
@@ -251,3 +289,18 @@ def test_the_defaults_are_the_authors():
     values = (config.siren_coef, config.siren_top_p, config.siren_top_k, config.siren_mask_ratio)
     assert values == (0.005, 0.8, 10000, 0.8) and config.siren_anchor is None and not config.siren_include_crossing
     assert math.isclose(config.entropy_coef, 0.0)
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the regulariser.
+
+
+def pair_siren_regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, s):
+    """SIREN's ``c·(peak mean H^p − H_anchor)²``, the anchor given."""
+    entropy_p, _ = top_p_entropy(logits, s["siren_top_p"], s["siren_top_k"])
+    return s["siren_coef"] * (peak_mean(entropy_p, mask, s["siren_mask_ratio"]) - s["siren_anchor"]) ** 2
+
+
+PAIR = PairReference(
+    settings=dict(siren_coef=0.5, siren_top_p=0.5, siren_top_k=20, siren_mask_ratio=0.5, siren_anchor=0.3),
+    methods={"siren": PairMethod("entropy regulariser", regulariser=pair_siren_regulariser)},
+)

@@ -229,8 +229,8 @@ SPEC = MethodSpec(
         sources="the band, its schedules, the switch and the defaults from the authors' code (`lblaoke/entrocraft` "
         "at `26165bd`); the sign form is the abstract's",
     ),
-    # The band [0, 5] in the first of two cycles, [0, 0] in the second: GRPO's advantages, then the negatives rejected.
-    short_run_settings=dict(zip(BAND, (0.0, 0.0, 10.0, 0.0), strict=True)),
+    # The band [0.1, 5] in the first of two cycles, [0, 0] in the second: GRPO's advantages, then negatives rejected.
+    short_run_settings=dict(zip(BAND, (0.2, 0.0, 10.0, 0.0), strict=True)),
     # A band that holds every entropy: every cycle keeps GRPO's advantages.
     neutral=Neutral(ours=dict(entrocraft_shape="fixed", entrocraft_lower_start=0.0, entrocraft_upper_start=1e9)),
     name="Entrocraft",

@@ -93,8 +93,12 @@ class SIRENPart(MethodPart):
             return None, metrics
         coef, _ = SIREN_COEF.value(self.trainer)
         penalty = siren_penalty(mean_entropy, self.anchor, coef)
-        metrics |= {"siren/topp_entropy": float(mean_entropy), "siren/anchor": self.anchor, "siren/coef": coef}
-        metrics["siren/penalty"] = float(penalty)
+        metrics |= {
+            "siren/topp_entropy": mean_entropy.detach().item(),
+            "siren/anchor": self.anchor,
+            "siren/coef": coef,
+        }
+        metrics["siren/penalty"] = penalty.detach().item()
         return penalty, metrics
 
     def rank_checkpoint_state(self) -> dict[str, object]:
