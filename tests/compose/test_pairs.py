@@ -2,11 +2,15 @@
 (``_reference/combined_reference.py``), applied in the axis order; every refused pair's message; the loss types each
 pair accepts and the refusal naming the method that refuses the rest.
 
+Each method's part of this table, its piece, is declared in its own test file (``PAIR``, ``_reference/pairs.py``):
+its settings here, its axis and its standing to the PPO clip as the docs name them (the refusals are written out from
+them, not read from the code), its float64 formulas and the thresholds it chooses from the batch.
+
 The batch is built so that every component acts with margins far above rounding: the old log-probs are the model's own
 minus ``log RATIOS`` (tokens on both sides of the clip, with either sign of advantage), the rollout entropies the
 model's own divided by ``ENTROPY_RATIOS`` (tokens inside and outside ERC's band), and the thresholds that select tokens
-(Clip-Cov's lower bound, KL-Cov's share, EntroPIC's probability) are set in the middle of the widest gap between the
-batch's own values.
+(each piece's ``thresholds``: Clip-Cov's lower bound, KL-Cov's share, EntroPIC's probability) are set in the middle of
+the widest gap between the batch's own values.
 """
 
 import itertools
@@ -23,19 +27,30 @@ from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import METHODS, combination
 from trl_entropy.methods.compose import controls_entropy
-from trl_entropy.methods.spec import Place
 
 
 NAMES = [name for name, entry in METHODS.items() if controls_entropy(entry)]
 PAIRS = list(itertools.combinations(NAMES, 2))
-# Written out from the axes (docs/composing.md), not read from the code: the pairs refused, with what the message says.
-SAME_AXIS = {
-    "group baseline": ("qae", "entrocraft"),
-    "per-token advantage": ("repo_r", "repo_d", "ent_adv"),
-    "surrogate": ("kl_cov", "ce_gppo"),
-    "entropy regulariser": ("entreg", "aent", "entropic", "siren"),
+REFERENCES = reference.references()
+PIECES = reference.pieces()
+TRL_SETTINGS = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0)
+SETTINGS = {
+    **TRL_SETTINGS,
+    **{key: value for declared in REFERENCES.values() for key, value in declared.settings.items()},
 }
-NO_CLIP = {("clip_cov", "kl_cov"), ("kl_cov", "adapo")}
+# The axis on which every method acts, one after another (docs/composing.md); on any other, one method at a time.
+EVERY_ONE_ACTS = "stop-gradient gates"
+SAME_AXIS = {
+    axis: tuple(name for name in NAMES if name in PIECES and PIECES[name].axis == axis)
+    for axis in dict.fromkeys(piece.axis for piece in PIECES.values())
+    if axis != EVERY_ONE_ACTS
+}
+NO_CLIP = {
+    pair
+    for pair in PAIRS
+    if set(pair) <= set(PIECES)
+    and any(PIECES[first].acts_through_clip and PIECES[second].replaces_clip for first, second in (pair, pair[::-1]))
+}
 REFUSED = {
     **{
         pair: f"both act on the {axis}"
@@ -43,8 +58,7 @@ REFUSED = {
         for pair in itertools.combinations(names, 2)
     },
     **{pair: "replaces that clip by its own surrogate" for pair in NO_CLIP},
-    # Two names of one method, each standing for another variant.
-    ("entrocraft", "entrocraft_sign"): "set entrocraft_variant to different defaults",
+    **{pair: message for declared in REFERENCES.values() for pair, message in declared.refused.items()},
 }
 VALID = [pair for pair in PAIRS if pair not in REFUSED]
 
@@ -65,53 +79,19 @@ ENTROPY_RATIOS = torch.tensor(
         [0.98, 1.0, 0.85, 1.1, 1.03, 1.0],
     ]
 )
-SETTINGS = dict(
-    loss_type="dapo",
-    epsilon=0.2,
-    epsilon_high=0.28,
-    beta=0.0,
-    qae_quantile_k=0.4,
-    repo_beta=0.5,
-    repo_beta_max=1.0,
-    ent_adv_alpha=0.4,
-    ent_adv_kappa=2.0,
-    ce_gppo_beta1=0.5,
-    ce_gppo_beta2=1.0,
-    kl_cov_coef=1.0,
-    clip_cov_ratio=1.0,  # every candidate is detached: the choice among them is random
-    clip_cov_ub=100.0,
-    erc_low=0.95,
-    erc_high=1.05,
-    steer_weight_min=0.8,
-    # Entrocraft's band [0, 0]: every batch's entropy is above it, so the negative rollouts are rejected.
-    entrocraft_shape="fixed",
-    entrocraft_lower_start=0.0,
-    entrocraft_upper_start=0.0,
-    entropy_coef=0.1,
-    aent_coef_init=0.1,
-    aent_coef_max=1.0,
-    aent_clamp_fraction=0.3,
-    siren_coef=0.5,
-    siren_top_p=0.5,
-    siren_top_k=20,
-    siren_mask_ratio=0.5,
-    siren_anchor=0.3,
-    entropic_kp=0.5,
-    entropic_target=0.1,
-)
 
 
-# The places that act once per generation batch, from the rewards: the trainer's generation tail applies them.
-GENERATION_PLACES = {Place.GROUP_BASELINE, Place.ROLLOUT_REJECTION}
+def declaring_file(name: str) -> str:
+    """Where the registry name ``name`` declares its piece: its method module's test file."""
+    module = METHODS[name].trainer_class.__module__
+    if not module.startswith("trl_entropy.methods."):
+        return "tests/_reference/combined_reference.py"  # the base trainer's own settings have no method module
+    return f"tests/methods/test_{module.rsplit('.', 1)[1]}.py"
 
 
-def widest_gap(values: torch.Tensor) -> tuple[float, int]:
-    """The middle of the widest gap between the sorted middle half of ``values``, and how many values lie above it."""
-    ordered = values.sort(descending=True).values
-    quarter = len(ordered) // 4
-    gaps = ordered[quarter : -quarter - 1] - ordered[quarter + 1 : len(ordered) - quarter]
-    index = quarter + int(gaps.argmax())
-    return float((ordered[index] + ordered[index + 1]) / 2), index + 1
+def through_generation(names) -> bool:
+    """A method that acts once per generation batch, from the rewards: the trainer's generation tail applies it."""
+    return bool(reference.stages(names, "group_baseline") or reference.stages(names, "rollout_rejection"))
 
 
 @pytest.fixture(scope="module")
@@ -130,28 +110,33 @@ def batch(float64_model, toy_tokenizer):
 
 
 def thresholds(model, inputs, names) -> dict:
-    """Clip-Cov's lower bound, KL-Cov's share and EntroPIC's probability threshold, each in the widest gap of the
-    batch's own values (the covariances with the pair's token advantages, the token probabilities)."""
+    """The settings each method of ``names`` chooses from the batch's own values (its piece's ``thresholds``), given
+    the token log-probs and the pair's token advantages."""
     with torch.no_grad():
         log_probs, entropy, _ = reference.scores(model, inputs)
         advantages = reference.group_advantages(REWARDS, names, SETTINGS)
         advantages = reference.token_advantages(advantages, log_probs, entropy, names, SETTINGS)
-    valid = inputs["completion_mask"].bool()
-    cov = reference.covariance(log_probs, advantages, valid.double())[valid]
-    clip_cov_lb, _ = widest_gap(cov)
-    _, above = widest_gap(cov)
-    probability, _ = widest_gap(log_probs[valid].exp())
-    return dict(clip_cov_lb=clip_cov_lb, kl_cov_ratio=(above + 0.5) / int(valid.sum()), entropic_high_prob=probability)
+    mask = inputs["completion_mask"].double()
+    chosen = {}
+    for choose in reference.stages(names, "thresholds"):
+        chosen |= choose(log_probs, advantages, mask)
+    return chosen
 
 
 def options_of(names, chosen: dict) -> dict:
-    """The settings of the selected methods (TRL's entropy bonus for entreg) and TRL's own."""
+    """TRL's settings and those of the selected methods' pieces, with the thresholds they chose."""
     fields = {key for name in names for key in METHODS[name].config_class.__dataclass_fields__}
-    options = {key: value for key, value in {**SETTINGS, **chosen}.items() if key in fields}
-    return options if "entreg" in names else {key: value for key, value in options.items() if key != "entropy_coef"}
+    selected = [declared for declared in REFERENCES.values() if set(declared.methods) & set(names)]
+    settings = {**TRL_SETTINGS, **{key: value for declared in selected for key, value in declared.settings.items()}}
+    return {key: value for key, value in {**settings, **chosen}.items() if key in fields}
 
 
 def test_the_table_covers_every_pair_of_the_registry():
+    missing = [f"{name!r}: add it to PAIR in {declaring_file(name)}" for name in NAMES if name not in PIECES]
+    assert not missing, "registry names without a piece of the pair table:\n" + "\n".join(missing)
+    assert set(PIECES) == set(NAMES), "pieces of names the registry does not hold"
+    keys = [key for declared in REFERENCES.values() for key in declared.settings]
+    assert len(keys) == len(set(keys)) == len(SETTINGS) - len(TRL_SETTINGS), "a setting declared twice"
     assert set(REFUSED) <= set(PAIRS) and len(VALID) + len(REFUSED) == len(PAIRS) == math.comb(len(NAMES), 2)
 
 
@@ -175,7 +160,7 @@ def test_one_loss_step_equals_the_float64_components_in_axis_order(
     assert type(trainer) is combination(list(names)).trainer_class
     inputs = dict(batch)
     inputs["advantages"] = reference.group_advantages(REWARDS, (), SETTINGS).squeeze(1).float()  # TRL's, made by TRL
-    if any(set(METHODS[name].acts_on) & GENERATION_PLACES for name in names):  # through the generation tail
+    if through_generation(names):
         trainer.on_rewards(REWARDS.unsqueeze(1))
         inputs = trainer.finish_generation_batch(inputs, rows=len(REWARDS))
     our_loss, our_grads = loss_and_gradients(trainer, inputs)

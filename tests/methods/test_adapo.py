@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
     loss_and_gradients,
@@ -142,3 +143,10 @@ def test_loss_equals_grpo_trainer_dapo_with_the_controller_epsilon_high(toy_mode
         assert ours._metrics["train"][key][-1] == pytest.approx(trl_trainer._metrics["train"][key][-1], abs=1e-7)
     # The comparison has power: ε_high matters on this batch.
     assert abs(trl_default_loss.item() - our_loss.item()) > 1e-4
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the clip bound, read by the PPO clip.
+
+
+# At the first step ADAPO's ε_high is the config's: the reference's PPO clip is ADAPO's clip bound.
+PAIR = PairReference(settings={}, methods={"adapo": PairMethod("clip bound", acts_through_clip=True)})

@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from _reference.combined_reference import weighted_mean
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import build_trainer as shared_build_trainer
 from _support.grpo import loss_and_gradients, make_grpo_batch, toy_config
 from transformers import AutoModelForCausalLM
@@ -605,3 +607,26 @@ def test_evaluation_reads_the_steps_box_and_changes_nothing(toy_model_path, toy_
     controller.value = 0.5
     assert vars(controller) == before
     assert not any(key.startswith("aent/") for mode in ("train", "eval") for key in trainer._metrics[mode])
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the regulariser.
+
+
+def pair_clamped_entropy(logits, fraction):
+    """AEnt (arXiv:2509.03493): the entropy of the softmax over the top (1 − p) of the vocabulary by logit."""
+    k = math.floor(fraction * logits.size(-1))
+    kth = logits.detach().sort(-1).values[..., k - 1 : k]
+    kept = logits.detach() > kth
+    log_softmax = torch.log_softmax(logits.masked_fill(~kept, -math.inf), -1)
+    return -(log_softmax.exp().masked_fill(~kept, 0.0) * log_softmax.masked_fill(~kept, 0.0)).sum(-1)
+
+
+def pair_clamped_entropy_bonus(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, s):
+    """AEnt's ``−λ·mean H_clamped``, λ at its initial value."""
+    return -s["aent_coef_init"] * weighted_mean(pair_clamped_entropy(logits, s["aent_clamp_fraction"]), mask)
+
+
+PAIR = PairReference(
+    settings=dict(aent_coef_init=0.1, aent_coef_max=1.0, aent_clamp_fraction=0.3),
+    methods={"aent": PairMethod("entropy regulariser", regulariser=pair_clamped_entropy_bonus)},
+)

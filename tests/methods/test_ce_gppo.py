@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
     loss_and_gradients,
@@ -473,3 +474,27 @@ def test_zero_betas_have_grpo_trainers_gradients_and_unit_betas_its_loss(
     assert (trl_loss - losses[0.0]).item() == pytest.approx(difference, rel=1e-4)
     # β = 1 keeps a gradient on the clipped tokens: not PPO's.
     assert max((grads[1.0][name] - trl_grads[name]).abs().max().item() for name in trl_grads) > 1e-4
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the surrogate.
+
+
+def pair_ce_gppo_surrogate(log_probs, old_log_probs, advantages, mask, s):
+    """CE-GPPO (arXiv:2509.20712, eq. 8): the PPO clip, whose clipped tokens keep ``β·(1∓ε)·A`` as gradient through
+    ``r / sg(r)``."""
+    ratio = torch.exp(log_probs - old_log_probs)
+    low, high = 1 - s["epsilon"], 1 + s["epsilon_high"]
+    kept = ratio / ratio.detach()
+    below = (ratio < low) & (advantages < 0)
+    above = (ratio > high) & (advantages > 0)
+    return torch.where(
+        below,
+        -s["ce_gppo_beta1"] * low * kept * advantages,
+        torch.where(above, -s["ce_gppo_beta2"] * high * kept * advantages, -ratio * advantages),
+    )
+
+
+PAIR = PairReference(
+    settings=dict(ce_gppo_beta1=0.5, ce_gppo_beta2=1.0),
+    methods={"ce_gppo": PairMethod("surrogate", surrogate=pair_ce_gppo_surrogate)},
+)

@@ -8,6 +8,8 @@ import os
 
 import pytest
 import torch
+from _reference.combined_reference import clip_binds, covariance
+from _reference.pairs import PairMethod, PairReference, widest_gap
 from _support.cov import (
     LOSS_TYPES,
     Reference,
@@ -396,3 +398,35 @@ def test_clip_cov_generation_batch_selection_equals_float64_reference(
         assert draws[-1] == expected, step
     assert draws[0] != draws[1] and draws[0] == draws[2]  # a function of the step, not of a stream
     assert generation_batch_seed(5, 0) != generation_batch_seed(6, 0)
+
+
+# The pair table's piece (tests/compose/test_pairs.py): its gate, which reads the PPO clip, and its lower bound.
+
+
+def pair_clip_cov_gate(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, s):
+    """Clip-Cov (arXiv:2505.22617, §4.2) zeroes the loss of the valid tokens whose clip does not bind and whose
+    covariance lies in ``(lb, ub)`` (all of them: the pair runs' ratio selects every candidate)."""
+    ratio = torch.exp(log_probs - old_log_probs).detach()
+    cov = covariance(log_probs, advantages, mask)
+    candidates = mask.bool() & ~clip_binds(ratio, advantages, s) & (cov > s["clip_cov_lb"]) & (cov < s["clip_cov_ub"])
+    return torch.where(candidates, torch.zeros_like(per_token_loss), per_token_loss)
+
+
+def pair_clip_cov_lower_bound(log_probs, advantages, mask):
+    """The lower bound in the widest gap of the batch's covariances with the pair's token advantages."""
+    lower_bound, _ = widest_gap(covariance(log_probs, advantages, mask)[mask.bool()])
+    return dict(clip_cov_lb=lower_bound)
+
+
+PAIR = PairReference(
+    # Every candidate is detached: the choice among them is random.
+    settings=dict(clip_cov_ratio=1.0, clip_cov_ub=100.0),
+    methods={
+        "clip_cov": PairMethod(
+            "stop-gradient gates",
+            acts_through_clip=True,
+            gate=pair_clip_cov_gate,
+            thresholds=pair_clip_cov_lower_bound,
+        )
+    },
+)

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
     loss_and_gradients,
@@ -360,3 +361,17 @@ def test_zero_alpha_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path,
     assert_same_step(trl_trainer, ours, inputs)
     assert ours._metrics["train"]["ent_adv/mean_bonus"] == [0.0]
     assert ours._metrics["train"]["ent_adv/capped_fraction"] == [0.0]
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the per-token advantage.
+
+
+def pair_shaped_advantages(advantages, log_probs, entropy, s):
+    """Entropy-based advantage shaping (arXiv:2506.14758): ``A + min(α·H, |A|/κ)``."""
+    return advantages + torch.minimum(s["ent_adv_alpha"] * entropy, advantages.abs() / s["ent_adv_kappa"])
+
+
+PAIR = PairReference(
+    settings=dict(ent_adv_alpha=0.4, ent_adv_kappa=2.0),
+    methods={"ent_adv": PairMethod("per-token advantage", token_advantages=pair_shaped_advantages)},
+)

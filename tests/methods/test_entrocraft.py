@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import SMALL_BATCH, build_trainer, make_grpo_batch, naive_entropy, toy_config, toy_trainer
 from transformers import AutoModelForCausalLM
 
@@ -276,3 +277,44 @@ def test_rewards_never_below_the_offset_warn_once_when_nothing_moves(toy_model_p
                 warnings.simplefilter("error")
             output = trainer.finish_generation_batch(example_generation_batch(0.45 / 0.65), rows=2)
         assert output["advantages"].tolist() == [0.0, 0.0]
+
+
+# The pair table's piece (tests/compose/test_pairs.py): each variant's rejection, and the refusal of the two together.
+
+
+def pair_band_side(old_entropy, mask, s):
+    """Entrocraft (arXiv:2604.26326), with a fixed band ``[L, U]``: whether the rollout policy's token-mean entropy
+    ``H̄`` is above ``U``, and whether it is below ``L``."""
+    mean_entropy = float((old_entropy * mask).sum() / mask.sum())
+    return mean_entropy > s["entrocraft_upper_start"], mean_entropy < s["entrocraft_lower_start"]
+
+
+def pair_reward_rejection(rewards, advantages, old_entropy, mask, s):
+    """The authors' code (``entrocraft``): above the band ``max(R − b₀, 0)`` of the raw reward, rejecting the negative
+    rollouts, below it ``min(R − b₀, 0)``, rejecting the positive ones."""
+    above, below = pair_band_side(old_entropy, mask, s)
+    if not (above or below):
+        return advantages
+    shifted = (rewards.double() - s.get("entrocraft_reward_offset", 0.0)).unsqueeze(1)
+    return shifted.clamp(min=0) if above else shifted.clamp(max=0)
+
+
+def pair_sign_rejection(rewards, advantages, old_entropy, mask, s):
+    """The sign form (``entrocraft_sign``): the advantages of the rejected sign zeroed."""
+    above, below = pair_band_side(old_entropy, mask, s)
+    if not (above or below):
+        return advantages
+    return advantages * ((advantages >= 0) if above else (advantages <= 0))
+
+
+PAIR = PairReference(
+    # The band [0, 0]: every batch's entropy is above it, so the negative rollouts are rejected.
+    settings=dict(entrocraft_shape="fixed", entrocraft_lower_start=0.0, entrocraft_upper_start=0.0),
+    methods={
+        # Its shifted rewards stand in for the baseline's advantages: the baseline's axis, once the band is read.
+        "entrocraft": PairMethod("group baseline", rollout_rejection=pair_reward_rejection),
+        "entrocraft_sign": PairMethod("rollout rejection", rollout_rejection=pair_sign_rejection),
+    },
+    # Two names of one method, each standing for another variant.
+    refused={("entrocraft", "entrocraft_sign"): "set entrocraft_variant to different defaults"},
+)

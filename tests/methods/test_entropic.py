@@ -14,6 +14,8 @@ import re
 
 import pytest
 import torch
+from _reference.combined_reference import weighted_mean
+from _reference.pairs import PairMethod, PairReference, widest_gap
 from _support.distributed_run import make_trainer
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_softmax, toy_config
 from _support.parity import assert_same_step
@@ -543,3 +545,31 @@ def test_every_rank_holds_the_float64_replay_of_the_world_micro_batches(two_rank
     # Each rank's own mean differs from the world's: a rank-local controller would give another trajectory.
     local = [total / count for total, count in (r["sums"] for r in ranks[0])]
     assert max(abs(mean - total / count) for mean, (total, count) in zip(local, world, strict=True)) > 1e-3
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the regulariser and its probability threshold.
+
+
+def pair_entropic_regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, s):
+    """EntroPIC (arXiv:2511.15248): ``α·mean_high(−r·|A|)`` with ``α = clip(K_p·(H̄ − H*), −1, 1)`` at the first
+    micro-batch, ``A`` the group advantages."""
+    mean_entropy = weighted_mean(entropy.detach(), mask).item()
+    alpha = min(max(s["entropic_kp"] * (mean_entropy - s["entropic_target"]), -1.0), 1.0)
+    high = ((log_probs.detach() > math.log(s["entropic_high_prob"])) & mask.bool()).double()
+    return alpha * weighted_mean(-torch.exp(log_probs - old_log_probs) * sequence_advantages.abs(), high)
+
+
+def pair_entropic_high_probability(log_probs, advantages, mask):
+    """The probability threshold in the widest gap of the batch's token probabilities."""
+    probability, _ = widest_gap(log_probs[mask.bool()].exp())
+    return dict(entropic_high_prob=probability)
+
+
+PAIR = PairReference(
+    settings=dict(entropic_kp=0.5, entropic_target=0.1),
+    methods={
+        "entropic": PairMethod(
+            "entropy regulariser", regulariser=pair_entropic_regulariser, thresholds=pair_entropic_high_probability
+        )
+    },
+)

@@ -22,6 +22,7 @@ import pytest
 import torch
 from _reference.combined_reference import scores
 from _reference.loss_types_reference import float64_loss
+from _reference.pairs import PairMethod, PairReference
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
 from _support.grpo import (
     SMALL_BATCH,
@@ -553,3 +554,20 @@ def test_a_mid_cycle_resume_carries_the_rollout_entropy_exactly(warm_toy_policy_
     with pytest.raises(ValueError, match=f"no '{OLD_ENTROPY_KEY}'"):
         train_with_checkpoints("erc", warm_toy_policy_path, str(tmp_path / "missing"), resume_from=str(checkpoint))
     assert os.path.exists(path)
+
+
+# The pair table's piece (tests/compose/test_pairs.py): its gate.
+
+
+def pair_erc_gate(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, s):
+    """ERC (arXiv:2512.05591) detaches the loss where the entropy ratio ``(H + 1e-8) / (H^old + 1e-8)`` leaves
+    ``(L, U)``."""
+    rho = (entropy.detach() + 1e-8) / (old_entropy + 1e-8)
+    keep = (rho > s["erc_low"]) & (rho < s["erc_high"])
+    return torch.where(keep, per_token_loss, per_token_loss.detach())
+
+
+PAIR = PairReference(
+    settings=dict(erc_low=0.95, erc_high=1.05),
+    methods={"erc": PairMethod("stop-gradient gates", gate=pair_erc_gate)},
+)

@@ -7,6 +7,8 @@ import warnings
 
 import pytest
 import torch
+from _reference.combined_reference import covariance
+from _reference.pairs import PairMethod, PairReference, widest_gap
 from _support.cov import (
     LOSS_TYPES,
     Reference,
@@ -201,3 +203,36 @@ def test_kl_cov_generation_batch_selection_equals_float64_reference(
         half_ranked = sorted(half_cov, key=lambda token: half_cov[token], reverse=True)
         per_half |= {(i + start, t) for i, t in half_ranked[: reference_count(ratio, len(half_cov))]}
     assert per_half != set(ranked[:count])
+
+
+# The pair table's piece (tests/compose/test_pairs.py): its surrogate, which has no PPO clip, and its share.
+
+
+def pair_top_by_covariance(cov, mask, fraction):
+    """The top ``max(⌊fraction · valid⌋, 1)`` valid tokens by covariance."""
+    count = max(math.floor(fraction * int(mask.sum())), 1)
+    values = cov[mask.bool()].sort(descending=True).values
+    return (cov >= values[count - 1]) & mask.bool()
+
+
+def pair_kl_cov_surrogate(log_probs, old_log_probs, advantages, mask, s):
+    """KL-Cov (arXiv:2505.22617, §4.2): ``−A·r`` plus ``β_KL·|ℓ − ℓ^old|`` on the top-κ tokens by covariance."""
+    ratio = torch.exp(log_probs - old_log_probs)
+    selected = pair_top_by_covariance(covariance(log_probs, advantages, mask), mask, s["kl_cov_ratio"])
+    return -advantages * ratio + s["kl_cov_coef"] * (log_probs - old_log_probs).abs() * selected
+
+
+def pair_kl_cov_share(log_probs, advantages, mask):
+    """The share of the tokens above the widest gap of the batch's covariances with the pair's token advantages."""
+    _, above = widest_gap(covariance(log_probs, advantages, mask)[mask.bool()])
+    return dict(kl_cov_ratio=(above + 0.5) / int(mask.bool().sum()))
+
+
+PAIR = PairReference(
+    settings=dict(kl_cov_coef=1.0),
+    methods={
+        "kl_cov": PairMethod(
+            "surrogate", replaces_clip=True, surrogate=pair_kl_cov_surrogate, thresholds=pair_kl_cov_share
+        )
+    },
+)

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -344,3 +345,20 @@ def test_loss_and_gradients_equal_grpo_trainer_with_the_formulas_advantages(
     assert our_grads.keys() == trl_grads.keys()
     for name in trl_grads:
         torch.testing.assert_close(our_grads[name], trl_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the group baseline.
+
+
+def pair_quantile_baseline(rewards, s):
+    """QAE (arXiv:2509.22611): the K-quantile of the group's rewards, linearly interpolated."""
+    ordered = rewards.sort().values
+    position = s["qae_quantile_k"] * (len(ordered) - 1)
+    low = math.floor(position)
+    return ordered[low] + (position - low) * (ordered[min(low + 1, len(ordered) - 1)] - ordered[low])
+
+
+PAIR = PairReference(
+    settings=dict(qae_quantile_k=0.4),
+    methods={"qae": PairMethod("group baseline", group_baseline=pair_quantile_baseline)},
+)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
     loss_and_gradients,
@@ -333,3 +334,25 @@ def test_target_is_the_first_cycles_mean_entropy(toy_model_path, toy_tokenizer, 
     assert controller.beta == 0.04  # H̄ = H* on the first cycle: d = 0
     assert trainer._metrics["train"]["repo/entropy_target"] == [controller.entropy_target]
     assert trainer._metrics["train"]["repo/beta"] == [0.04]
+
+
+# The pair table's piece (tests/compose/test_pairs.py): the per-token advantage of each variant.
+
+
+def pair_repo_r_advantages(advantages, log_probs, entropy, s):
+    """REPO-R (arXiv:2603.11682, §5.1; β at its initial value, no centring): ``A·max(0, 1 − β·sign(A)·ℓ)``."""
+    return advantages * (1 - s["repo_beta"] * advantages.sign() * log_probs).clamp(min=0)
+
+
+def pair_repo_d_advantages(advantages, log_probs, entropy, s):
+    """REPO-D (arXiv:2603.11682, §5.1; β at its initial value, no centring): ``A − β·ℓ``."""
+    return advantages - s["repo_beta"] * log_probs
+
+
+PAIR = PairReference(
+    settings=dict(repo_beta=0.5, repo_beta_max=1.0),
+    methods={
+        "repo_r": PairMethod("per-token advantage", token_advantages=pair_repo_r_advantages),
+        "repo_d": PairMethod("per-token advantage", token_advantages=pair_repo_d_advantages),
+    },
+)

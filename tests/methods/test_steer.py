@@ -18,6 +18,7 @@ import pytest
 import torch
 from _reference.combined_reference import scores
 from _reference.loss_types_reference import float64_loss
+from _reference.pairs import PairMethod, PairReference
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config
 from transformers import AutoModelForCausalLM
 
@@ -314,3 +315,22 @@ def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_
     unweighted.backward()
     assert abs(unweighted.item() - loss.item()) > 1e-4
     assert max((our_grads[n].double() - p.grad).abs().max().item() for n, p in reference.named_parameters()) > 1e-4
+
+
+# The pair table's piece (tests/compose/test_pairs.py): its gate.
+
+
+def pair_steer_gate(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, s):
+    """STEER (arXiv:2510.10150) multiplies the loss by ``clamp(exp(−κ|Ω|), λ_min, 1)``,
+    ``Ω = (A / p^old)·p(1 − p)·(log p + H^old)``, ``κ = −ln λ_min / max(max|Ω|, 0.02)`` over the valid tokens, without
+    gradient."""
+    p, p_old = log_probs.detach().exp(), old_log_probs.exp()
+    mu = (advantages.expand_as(p) / p_old * p * (1 - p) * (p.log() + old_entropy)).abs()
+    kappa = -math.log(s["steer_weight_min"]) / max(float(mu[mask.bool()].max()), 0.02)
+    return per_token_loss * (torch.exp(-kappa * mu).clamp(s["steer_weight_min"], 1.0) * mask)
+
+
+PAIR = PairReference(
+    settings=dict(steer_weight_min=0.8),
+    methods={"steer": PairMethod("stop-gradient gates", gate=pair_steer_gate)},
+)
