@@ -18,11 +18,22 @@ import warnings
 
 import pytest
 import torch
+from _reference.combined_reference import scores
+from _reference.loss_types_reference import float64_loss
 from _reference.pairs import PairMethod, PairReference
-from _support.grpo import SMALL_BATCH, build_trainer, make_grpo_batch, naive_entropy, toy_config, toy_trainer
+from _support.grpo import (
+    SMALL_BATCH,
+    build_trainer,
+    loss_and_gradients,
+    make_grpo_batch,
+    naive_entropy,
+    toy_config,
+    toy_trainer,
+)
 from transformers import AutoModelForCausalLM
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
+from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.entrocraft import (
     ABOVE,
     BELOW,
@@ -277,6 +288,70 @@ def test_rewards_never_below_the_offset_warn_once_when_nothing_moves(toy_model_p
                 warnings.simplefilter("error")
             output = trainer.finish_generation_batch(example_generation_batch(0.45 / 0.65), rows=2)
         assert output["advantages"].tolist() == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every loss type: the loss and every gradient against float64
+# ---------------------------------------------------------------------------------------------------------------------
+
+LOSS_CASES = {
+    "grpo": {"delta": 1.2},
+    "bnpo": {"beta": 0.04},
+    "dr_grpo": {"epsilon_high": 0.28},
+    "dapo": {"importance_sampling_level": "sequence"},
+    "cispo": {"epsilon_high": 1.2},
+    "sapo": {},
+    "luspo": {"importance_sampling_level": "sequence"},
+    "vespo": {},
+}
+assert set(LOSS_CASES) == set(LOSS_TYPES)  # every loss type: Entrocraft acts before any surrogate, it refuses none
+# Rewards whose sign about the offset 0.5 is mixed, and whose GRPO advantages are too: both rejections act.
+BATCH_REWARDS = torch.tensor([1.0, 0.0, 0.75, 0.25])
+
+
+@pytest.mark.parametrize("variant", ["code", "sign"])
+@pytest.mark.parametrize("side", [ABOVE, BELOW])
+@pytest.mark.parametrize("loss_type", LOSS_CASES)
+def test_loss_and_every_gradient_equal_a_float64_loss(
+    loss_type, side, variant, toy_model_path, toy_tokenizer, tmp_path
+):
+    """A band [0, 0] (every entropy above it) or [50, 50] (below it), through the trainer's generation tail, then
+    the loss step; against the loss type's float64 loss on the advantages written out here from the rewards."""
+    band = 0.0 if side == ABOVE else 50.0
+    options = dict(entrocraft_shape="fixed", entrocraft_lower_start=band, entrocraft_upper_start=band)
+    options |= {"entrocraft_variant": variant} | ({"entrocraft_reward_offset": 0.5} if variant == "code" else {})
+    ours = build_trainer(
+        EntrocraftTrainer,
+        EntrocraftConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        loss_type=loss_type,
+        num_iterations=2,
+        **LOSS_CASES[loss_type],
+        **options,
+    )
+    inputs = make_grpo_batch(ours.model, len(toy_tokenizer), seed=list(LOSS_CASES).index(loss_type))
+    rewards = BATCH_REWARDS.double()
+    grpo = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    inputs["advantages"] = grpo.float()  # TRL's, as its generation made them
+    ours.on_rewards(BATCH_REWARDS.unsqueeze(1))
+    inputs = ours.finish_generation_batch(inputs, rows=4)
+    if variant == "code":
+        expected = (rewards - 0.5).clamp(min=0) if side == ABOVE else (rewards - 0.5).clamp(max=0)
+    else:
+        expected = grpo * (grpo >= 0) if side == ABOVE else grpo * (grpo <= 0)
+    assert (expected == 0).any() and (expected != 0).any()  # some rollouts rejected, some kept
+    torch.testing.assert_close(inputs["advantages"].double(), expected, rtol=1e-6, atol=1e-7)
+    our_loss, our_grads = loss_and_gradients(ours, inputs)
+
+    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    log_probs, _, _ = scores(reference, inputs)
+    loss = float64_loss(loss_type, ours.args, log_probs, {**inputs, "advantages": expected})
+    loss.backward()
+    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
 
 
 # The pair table's piece (tests/compose/test_pairs.py): each variant's rejection, and the refusal of the two together.
