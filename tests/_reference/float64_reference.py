@@ -6,6 +6,17 @@ import math
 import torch
 
 
+def float64_logits(hidden, weight, bias=None, temperature=1.0, logit_scale=1.0, final_logit_softcapping=None):
+    """The LM head's logits as the kernel's logit map makes them: bias, scale, soft-cap, then the temperature."""
+    z = hidden @ weight.T
+    if bias is not None:
+        z = z + bias
+    z = z * logit_scale
+    if final_logit_softcapping is not None:
+        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
+    return z / temperature
+
+
 def reference(
     hidden,
     weight,
@@ -17,13 +28,7 @@ def reference(
     final_logit_softcapping=None,
 ):
     """Full logits in float64; the kept set of the clamp from a full sort (no gradient through the selection)."""
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    z = z * logit_scale
-    if final_logit_softcapping is not None:
-        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
-    z = z / temperature
+    z = float64_logits(hidden, weight, bias, temperature, logit_scale, final_logit_softcapping)
     log_z = torch.logsumexp(z, -1)
     p = torch.softmax(z, -1)
     log_probs = z.gather(-1, targets[:, None]).squeeze(-1) - log_z

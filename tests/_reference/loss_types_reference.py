@@ -6,6 +6,20 @@ their float64 log-probs come from ``combined_reference.scores``."""
 import torch
 
 
+# Every loss type with options that make its branches act: the clipped ones with TRL's dual clip (delta), the KL term
+# or the sequence-level ratio, CISPO with an ε_max low enough to truncate noisy ratios.
+LOSS_TYPE_CASES = {
+    "grpo": {"delta": 1.2},
+    "bnpo": {"beta": 0.04},
+    "dr_grpo": {"epsilon_high": 0.28},
+    "dapo": {"importance_sampling_level": "sequence"},
+    "cispo": {"epsilon_high": 1.2},
+    "sapo": {},
+    "luspo": {"importance_sampling_level": "sequence"},
+    "vespo": {},
+}
+
+
 def float64_loss(loss_type, args, log_probs, inputs, change=lambda surrogate: surrogate):
     """The loss of ``loss_type`` with ``args`` (its clip, ``delta``, KL, importance-sampling level and the loss
     types' own settings) from float64 ``log_probs``; ``change`` maps the per-token surrogate ``(B, T)`` to what is

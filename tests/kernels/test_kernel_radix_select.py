@@ -9,14 +9,13 @@ this file's other tests in a pytest subprocess with it set; under ``TRITON_INTER
 import importlib.util
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from _reference.select_reference import first_bucket_sizes, sort_keys, threshold_keys
+from _support.interpreter import rerun_under_the_interpreter
 
 from trl_entropy.kernels import _torch_ops
 
@@ -31,14 +30,7 @@ interpreted = pytest.mark.skipif(
 
 
 def test_radix_select_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("the cases run in this process")
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=TRITON_OPS.parents[2])
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    rerun_under_the_interpreter(__file__)
 
 
 def _load_ops(source: str | None = None):

@@ -6,15 +6,14 @@ runs this file's ``interpreted`` tests in a pytest subprocess with it set (they 
 ``TRITON_INTERPRET=1``).
 """
 
-import importlib.util
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _reference.float64_reference import float64_logits
+from _support.interpreter import rerun_under_the_interpreter
 
 from trl_entropy.kernels import _top_p, chunked_logprob_entropy
 
@@ -31,16 +30,6 @@ N, D, V = 23, 16, 301
 # ---------------------------------------------------------------------------------------------------------------------
 # The float64 reference of the prefix rule
 # ---------------------------------------------------------------------------------------------------------------------
-def logits64(hidden, weight, bias=None, temperature=1.0, logit_scale=1.0, final_logit_softcapping=None):
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    z = z * logit_scale
-    if final_logit_softcapping is not None:
-        z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
-    return z / temperature
-
-
 def top_p_reference(z, top_p, top_k=None, include_crossing=False):
     """``(H^p, |S|, margin)`` per row of float64 logits ``z``: the ranks ``j <= K'`` with ``C_j < p`` (and the
     crossing rank with ``include_crossing``), the entropy of the softmax renormalised over them (0 for an empty set),
@@ -103,7 +92,7 @@ def check_against_reference(inputs, backend, *, top_p, top_k=None, include_cross
         **kw,
     )
     ref_leaves = [t.double().requires_grad_() for t in (hidden, weight, bias)]
-    z = logits64(*ref_leaves, **logit_map)
+    z = float64_logits(*ref_leaves, **logit_map)
     ref_h, ref_size, margin = top_p_reference(z, top_p, top_k, include_crossing)
     assert margin > 1e-6, f"a row's cumulative mass is within {margin:.1e} of p: pick another seed"
     log_z = torch.logsumexp(z, -1)
@@ -336,14 +325,7 @@ def test_head_scores_top_p_entropy_and_set_size():
 # Triton path, under the interpreter
 # ---------------------------------------------------------------------------------------------------------------------
 def test_top_p_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("the cases run in this process")
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    rerun_under_the_interpreter(__file__)
 
 
 @interpreted

@@ -19,7 +19,7 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
-from _reference.loss_types_reference import float64_loss
+from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     SMALL_BATCH,
@@ -294,16 +294,7 @@ def test_rewards_never_below_the_offset_warn_once_when_nothing_moves(toy_model_p
 # Every loss type: the loss and every gradient against float64
 # ---------------------------------------------------------------------------------------------------------------------
 
-LOSS_CASES = {
-    "grpo": {"delta": 1.2},
-    "bnpo": {"beta": 0.04},
-    "dr_grpo": {"epsilon_high": 0.28},
-    "dapo": {"importance_sampling_level": "sequence"},
-    "cispo": {"epsilon_high": 1.2},
-    "sapo": {},
-    "luspo": {"importance_sampling_level": "sequence"},
-    "vespo": {},
-}
+LOSS_CASES = LOSS_TYPE_CASES
 assert set(LOSS_CASES) == set(LOSS_TYPES)  # every loss type: Entrocraft acts before any surrogate, it refuses none
 # Rewards whose sign about the offset 0.5 is mixed, and whose GRPO advantages are too: both rejections act.
 BATCH_REWARDS = torch.tensor([1.0, 0.0, 0.75, 0.25])

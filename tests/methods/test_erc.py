@@ -21,7 +21,7 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
-from _reference.loss_types_reference import float64_loss
+from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
 from _support.grpo import (
@@ -260,18 +260,8 @@ def test_the_loss_step_uses_this_pass_entropy_on_policy_and_refuses_a_batch_miss
 # Target entropy ratios by completion position, rolled by the row: inside the band (kept) and out of it on both sides,
 # every margin far above the rounding of a float32 entropy.
 TARGET_RATIOS = (1.0, 0.5, 1.02, 2.0, 0.97, 1.3)
-# Loss types with their options: the clipped ones with TRL's dual clip (delta), the KL term or the sequence-level ratio
-# (a (B, 1) surrogate the gate spreads over the tokens), CISPO with an ε_max low enough to truncate the noisy ratios.
-LOSS_CASES = {
-    "grpo": {"delta": 1.2},
-    "bnpo": {"beta": 0.04},
-    "dr_grpo": {"epsilon_high": 0.28},
-    "dapo": {"importance_sampling_level": "sequence"},
-    "cispo": {"epsilon_high": 1.2},
-    "sapo": {},
-    "luspo": {"importance_sampling_level": "sequence"},
-    "vespo": {},
-}
+# Loss types with their options (the sequence-level ratio: a (B, 1) surrogate the gate spreads over the tokens).
+LOSS_CASES = LOSS_TYPE_CASES
 assert set(LOSS_CASES) == set(LOSS_TYPES)  # every loss type: ERC refuses none
 
 
