@@ -97,7 +97,7 @@ BY_HAND = {
     EntropyGRPOBaseConfig: {
         "entropy_control": [3, []],  # no rule (the registry checks it): not a list of method names; no method
         # Any finite coefficient, as TRL's entropy_coef, but refused where the constant default schedule ignores it.
-        "entropy_coef_final": [0.01],
+        "entropy_coef_final": [0.01, 0.0],
         "entropy_coef_warmup_start": [0.01],
     },
     AEntConfig: {

@@ -9,7 +9,7 @@ on the same clock (``entropy_schedule_unit``); through the warm-up a bound holds
 from dataclasses import Field, dataclass, field
 
 from .config import Range, config_field
-from .schedules import SCHEDULES, Schedule, bound_schedule, require_run_length, run_clock
+from .schedules import SCHEDULES, CoefficientSchedule, Schedule, bound_schedule, require_run_length, run_clock
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,11 @@ class ScheduledBounds:
 
 
 @dataclass(frozen=True)
-class ScheduledCoefficient:
-    """A method's coefficient field ``name`` on a schedule, with the fields TRL's ``entropy_coef`` has (docs/
-    schedules.md): ``<name>_schedule``, ``<name>_final``, ``<name>_warmup_steps``, ``<name>_warmup_start`` and
-    ``<name>_decay_steps``, on the clock ``entropy_schedule_unit``; ``what`` names the coefficient in their help."""
+class ScheduledCoefficient(CoefficientSchedule):
+    """A method's coefficient on a schedule (``CoefficientSchedule``: its value, its checks) with the config fields to
+    declare it, named as TRL's ``entropy_coef`` ones; ``what`` names the coefficient in their help."""
 
-    name: str
-    what: str
+    what: str = ""
 
     def kind_field(self) -> Field:
         return config_field(
@@ -195,43 +193,3 @@ class ScheduledCoefficient:
             valid=Range(1, integer=True),
             none_means="(to the run's last step, max_steps)",
         )
-
-    def schedule(self, config) -> Schedule:
-        name = self.name
-        return Schedule(
-            kind=getattr(config, f"{name}_schedule"),
-            start=getattr(config, name),
-            final=getattr(config, f"{name}_final"),
-            warmup_steps=getattr(config, f"{name}_warmup_steps"),
-            warmup_start=getattr(config, f"{name}_warmup_start"),
-            decay_steps=getattr(config, f"{name}_decay_steps"),
-        )
-
-    def check(self, config) -> None:
-        """Refuse, naming the field: a moving schedule without a final value, and a setting nothing reads."""
-        schedule, name = self.schedule(config), self.name
-        if schedule.kind != "constant" and schedule.final is None:
-            raise ValueError(f"{name}_schedule={schedule.kind!r} needs {name}_final, the value it moves to.")
-        constant = schedule.kind == "constant"
-        unused = [
-            (f"{name}_final", schedule.final is not None and constant),
-            (f"{name}_decay_steps", schedule.decay_steps is not None and constant),
-            (f"{name}_warmup_start", schedule.warmup_start != 0.0 and schedule.warmup_steps == 0),
-        ]
-        for field_name, ignored in unused:
-            if ignored:
-                raise ValueError(
-                    f"{field_name}={getattr(config, field_name)!r} would be ignored under {name}_schedule="
-                    f"{schedule.kind!r} and {name}_warmup_steps={schedule.warmup_steps}. Leave it out, or set what "
-                    "uses it."
-                )
-
-    def value(self, trainer) -> tuple[float, float]:
-        """``(value, u)`` at the optimizer step ``trainer`` is running (between steps: the next one)."""
-        config, state = trainer.args, trainer.state
-        schedule = self.schedule(config)
-        if not schedule.moves:
-            return schedule.start, 0.0
-        step, total = run_clock(config, state.global_step, state.max_steps, trainer.num_iterations)
-        require_run_length([schedule], total, f"{self.name}_schedule", f"{self.name}_decay_steps")
-        return schedule.value(step, total), schedule.progress(step, total)

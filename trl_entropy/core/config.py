@@ -9,7 +9,7 @@ from transformers.utils import logging
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from .schedules import SCHEDULE_UNITS, SCHEDULES, Schedule
+from .schedules import ENTROPY_COEF_SCHEDULE, SCHEDULE_UNITS, SCHEDULES, Schedule
 from .trl.objectives import LOSS_TYPES
 
 
@@ -307,37 +307,7 @@ class EntropyGRPOBaseConfig(GRPOConfig):
 
     def check_settings(self) -> None:
         """The entropy coefficient's schedule: a final value where it decays, and no adaptive coefficient beside it."""
-        if self.entropy_coef_schedule != "constant" and self.entropy_coef_final is None:
-            raise ValueError(
-                f"entropy_coef_schedule={self.entropy_coef_schedule!r} needs entropy_coef_final, the coefficient it "
-                "ends at: set it (0.0 to decay the bonus away)."
-            )
-        unused = [
-            (name, why)
-            for name, why, ignored in (
-                (
-                    "entropy_coef_final",
-                    "entropy_coef_schedule='constant' never reaches it",
-                    self.entropy_coef_schedule == "constant",
-                ),
-                (
-                    "entropy_coef_decay_steps",
-                    "entropy_coef_schedule='constant' does not decay",
-                    self.entropy_coef_schedule == "constant",
-                ),
-                (
-                    "entropy_coef_warmup_start",
-                    "entropy_coef_warmup_steps=0: there is no warm-up",
-                    self.entropy_coef_warmup_steps == 0,
-                ),
-            )
-            if ignored and getattr(self, name) not in (None, 0.0)
-        ]
-        if unused:
-            name, why = unused[0]
-            raise ValueError(
-                f"{name}={getattr(self, name)!r} would be ignored: {why}. Leave it out, or set what uses it."
-            )
+        ENTROPY_COEF_SCHEDULE.check(self)
         if self.entropy_schedule().moves and self.use_adaptive_entropy:
             raise ValueError(
                 f"entropy_coef_schedule={self.entropy_coef_schedule!r} (entropy_coef_warmup_steps="
@@ -347,14 +317,7 @@ class EntropyGRPOBaseConfig(GRPOConfig):
 
     def entropy_schedule(self) -> Schedule:
         """The schedule of TRL's entropy coefficient, from ``entropy_coef``."""
-        return Schedule(
-            kind=self.entropy_coef_schedule,
-            start=self.entropy_coef,
-            final=self.entropy_coef_final,
-            warmup_steps=self.entropy_coef_warmup_steps,
-            warmup_start=self.entropy_coef_warmup_start,
-            decay_steps=self.entropy_coef_decay_steps,
-        )
+        return ENTROPY_COEF_SCHEDULE.schedule(self)
 
     def reads_max_steps(self) -> bool:
         """Whether a value of the run follows its length, ``max_steps`` (a schedule that runs to the last step): a

@@ -91,13 +91,70 @@ def require_run_length(schedules, total: int, schedule_field: str, decay_field: 
         )
 
 
-def scheduled_entropy_coef(args, global_step: int, max_steps: int, num_iterations: int) -> tuple[float, float]:
-    """``(coefficient, u)`` of TRL's entropy bonus at optimizer step ``global_step`` of ``max_steps`` under the
-    config's schedule (``args.entropy_schedule()``), on its clock (``entropy_schedule_unit``)."""
-    schedule = args.entropy_schedule()
-    step, total = run_clock(args, global_step, max_steps, num_iterations)
-    require_run_length([schedule], total, "entropy_coef_schedule", "entropy_coef_decay_steps")
-    return schedule.value(step, total), schedule.progress(step, total) if schedule.kind != "constant" else 0.0
+@dataclass(frozen=True)
+class CoefficientSchedule:
+    """A coefficient field ``name`` on a schedule, read from the fields ``<name>_schedule``, ``<name>_final``,
+    ``<name>_warmup_steps``, ``<name>_warmup_start`` and ``<name>_decay_steps`` (TRL's ``entropy_coef`` has them, and a
+    method's coefficient may: docs/schedules.md), on the clock ``entropy_schedule_unit``."""
+
+    name: str
+
+    def schedule(self, config) -> Schedule:
+        name = self.name
+        return Schedule(
+            kind=getattr(config, f"{name}_schedule"),
+            start=getattr(config, name),
+            final=getattr(config, f"{name}_final"),
+            warmup_steps=getattr(config, f"{name}_warmup_steps"),
+            warmup_start=getattr(config, f"{name}_warmup_start"),
+            decay_steps=getattr(config, f"{name}_decay_steps"),
+        )
+
+    def check(self, config) -> None:
+        """Refuse, naming the field: a decaying schedule without its final value, and a setting nothing reads."""
+        schedule, name = self.schedule(config), self.name
+        constant = schedule.kind == "constant"
+        if not constant and schedule.final is None:
+            raise ValueError(
+                f"{name}_schedule={schedule.kind!r} needs {name}_final, the value it ends at: set it (0.0 to decay it "
+                "away)."
+            )
+        unused = [
+            (f"{name}_final", f"{name}_schedule='constant' never reaches it", constant and schedule.final is not None),
+            (
+                f"{name}_decay_steps",
+                f"{name}_schedule='constant' does not decay",
+                constant and schedule.decay_steps is not None,
+            ),
+            (
+                f"{name}_warmup_start",
+                f"{name}_warmup_steps=0: there is no warm-up",
+                schedule.warmup_steps == 0 and schedule.warmup_start != 0.0,
+            ),
+        ]
+        for field_name, why, ignored in unused:
+            if ignored:
+                raise ValueError(
+                    f"{field_name}={getattr(config, field_name)!r} would be ignored: {why}. Leave it out, or set what "
+                    "uses it."
+                )
+
+    def value(self, config, global_step: int, max_steps: int, num_iterations: int) -> tuple[float, float]:
+        """``(value, u)`` at optimizer step ``global_step`` of ``max_steps`` on the config's clock (``u``: 0 for a
+        constant schedule)."""
+        schedule = self.schedule(config)
+        step, total = run_clock(config, global_step, max_steps, num_iterations)
+        require_run_length([schedule], total, f"{self.name}_schedule", f"{self.name}_decay_steps")
+        return schedule.value(step, total), schedule.progress(step, total) if schedule.kind != "constant" else 0.0
+
+    def now(self, trainer) -> tuple[float, float]:
+        """``(value, u)`` at the optimizer step ``trainer`` is running (between steps: the next one)."""
+        state = trainer.state
+        return self.value(trainer.args, state.global_step, state.max_steps, trainer.num_iterations)
+
+
+# TRL's entropy coefficient on its schedule (the base config's entropy_coef_* fields).
+ENTROPY_COEF_SCHEDULE = CoefficientSchedule("entropy_coef")
 
 
 def bound_schedule(

@@ -35,7 +35,7 @@ from .head import (
     unsupported_head_reason_at,
 )
 from .parts import MethodPart, Metrics, TokenGate, TokenMean, TopPRule
-from .schedules import scheduled_entropy_coef
+from .schedules import ENTROPY_COEF_SCHEDULE
 from .statistics import global_token_mean
 from .trl.advantages import advantages_around_baseline, summed_rewards
 from .trl.bridge import TRLBridge
@@ -424,10 +424,7 @@ class EntropyGRPOTrainer(TRLBridge):
         training it also becomes TRL's ``entropy_coef``, which TRL logs, and its progress ``u`` is logged."""
         if not self.args.entropy_schedule().moves:
             return None
-        state = self.state
-        coefficient, progress = scheduled_entropy_coef(
-            self.args, state.global_step, state.max_steps, self.num_iterations
-        )
+        coefficient, progress = ENTROPY_COEF_SCHEDULE.now(self)
         if mode == "train":
             self.entropy_coef = coefficient
             if self.accelerator.sync_gradients:

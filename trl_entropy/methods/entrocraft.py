@@ -182,9 +182,7 @@ class EntrocraftConfig(EntropyGRPOBaseConfig):
                 f"{', '.join(ignored)} would be ignored: entrocraft_shape='fixed' holds the start values throughout, "
                 "and entrocraft_variant='sign' shifts no reward. Leave it out, or take the shape or variant using it."
             )
-        warn_beside_entropy_drivers(
-            self, EntrocraftPart, "Entrocraft holds the entropy in its band"
-        )
+        warn_beside_entropy_drivers(self, EntrocraftPart, "Entrocraft holds the entropy in its band")
 
     def reads_max_steps(self) -> bool:
         return EntropyGRPOBaseConfig.reads_max_steps(self) or self.entrocraft_shape != "fixed"  # K moves the band

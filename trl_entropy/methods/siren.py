@@ -73,10 +73,9 @@ class SIRENPart(MethodPart):
         scored = self.trainer.score_generation_batch(batch, self.top_p_rule())
         mask = generation_batch_mask(batch)
         keep = peak_entropy_mask(scored.top_p_entropy, mask, self.args.siren_mask_ratio)
-        values, kept = scored.top_p_entropy.double(), keep.double()
-        sums = torch.stack(
-            [((values * kept).sum(1) / kept.sum(1).clamp(min=1.0)).sum(), values.new_tensor(len(values))]
-        )
+        values = scored.top_p_entropy.double()
+        sequences = values.new_tensor(len(values))
+        sums = torch.stack([sequence_mean_token_mean(values, keep) * sequences, sequences])  # summed over the ranks
         sums = self.trainer.accelerator.reduce(sums, reduction="sum")
         self.anchor = float(sums[0] / sums[1])
 
@@ -91,7 +90,7 @@ class SIRENPart(MethodPart):
         }
         if self.anchor is None:  # an evaluation before the first training batch: nothing to hold the entropy to yet
             return None, metrics
-        coef, _ = SIREN_COEF.value(self.trainer)
+        coef, _ = SIREN_COEF.now(self.trainer)
         penalty = siren_penalty(mean_entropy, self.anchor, coef)
         metrics |= {
             "siren/topp_entropy": mean_entropy.detach().item(),
