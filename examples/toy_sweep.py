@@ -12,17 +12,29 @@ writes one YAML per grid point, the demo's outputs, and `sweep.md`, the table wi
 methods with a sweep: each method declares its own (`sweep=Sweep(...)` in its `SPEC`, trl_entropy/methods/spec.py),
 with the reasons for its values. Methods combined (`--method NAME+NAME`) sweep the grids of their methods that have
 one, every other method at its examples/configs values.
+
+A config preset (a method with settings of its own, such as a schedule) is swept with the grid given beside it, every
+other value of the preset held:
+
+    python examples/toy_sweep.py --config examples/configs/entreg_cosine.yaml \
+        --grid '{"entropy_coef": [0.03, 0.1, 0.3]}' --output_dir outputs/sweep_entreg_cosine
+
+The grid is JSON in the form of a method's (`Sweep.grid`): {field: [values]} for every combination, or
+[{field: value}, ...] for these points only.
 """
 
 import argparse
+import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 
 import yaml
 
 from trl_entropy.methods import METHODS
+from trl_entropy.methods.spec import Sweep
 
 
 # Every name --method accepts whose method declares a toy sweep -> that sweep (grid and fixed settings).
@@ -65,18 +77,51 @@ def sweepable(method: str) -> str:
 
 def grid_points(method: str) -> list[tuple[str, dict]]:
     """(run name, config values) for every point of the method's grid."""
-    grid = grid_settings(method)
+    return named_points(method, grid_settings(method))
+
+
+def named_points(prefix: str, grid: list[dict]) -> list[tuple[str, dict]]:
+    """(run name, config values) for each point of ``grid``: the prefix, then each value after its field's end."""
     points = []
     for settings in grid:
-        name = method + "_" + "_".join(f"{key.split('_')[-1]}{value:g}" for key, value in settings.items())
+        name = prefix + "_" + "_".join(f"{key.split('_')[-1]}{value:g}" for key, value in settings.items())
         points.append((name.replace(".", "p"), settings))
     return points
 
 
-def config_yaml(method: str, settings: dict) -> str:
+def config_yaml(method: str, settings: dict, fixed: dict | None = None) -> str:
     """The YAML of one grid point: the method, the settings every point shares, then the point's own."""
-    values = {**fixed_settings(method), **settings}
+    values = {**(fixed_settings(method) if fixed is None else fixed), **settings}
     return f"method: {method}\n" + "".join(f"{key}: {value}\n" for key, value in values.items())
+
+
+def preset_sweep(path: str, grid_json: str) -> tuple[str, Sweep]:
+    """``--config`` with ``--grid``: (the preset's method, a sweep of the grid with the preset's other values fixed).
+    The grid may only name fields of the method's config, and must have two points or more."""
+    with open(path) as file:
+        preset = yaml.safe_load(file)
+    method = preset.get("method") if isinstance(preset, dict) else None
+    if method not in METHODS:
+        raise SystemExit(f"--config {path}: no `method:` among {sorted(METHODS)}; a preset names its method")
+    try:
+        grid = json.loads(grid_json)
+    except json.JSONDecodeError as error:
+        raise SystemExit(
+            f'--grid is not JSON ({error}): give {{"field": [values]}} or [{{"field": value}}, ...]'
+        ) from None
+    if not (isinstance(grid, dict) and all(isinstance(v, list) for v in grid.values())) and not (
+        isinstance(grid, list) and all(isinstance(point, dict) for point in grid)
+    ):
+        raise SystemExit('--grid: give {"field": [values]} (every combination) or [{"field": value}, ...] (points)')
+    sweep = Sweep(grid)
+    known = {field.name for field in dataclasses.fields(METHODS[method].config_class)}
+    unknown = sorted(set(sweep.fields()) - known)
+    if unknown:
+        raise SystemExit(f"--grid names {unknown}, no field of {method}'s config: sweep fields of the preset's method")
+    if len(sweep.points()) < 2:
+        raise SystemExit("--grid has one point: a sweep compares two settings or more")
+    held = {key: value for key, value in preset.items() if key not in ("method", "num_iterations", *sweep.fields())}
+    return method, Sweep(grid, fixed=held)
 
 
 def pick(summaries: dict, names: list[str], reference: str = "grpo") -> str | None:
@@ -114,18 +159,30 @@ def cells(summary: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", type=sweepable, required=True, help=f"one of {sorted(SWEEPS)}, or NAME+NAME")
+    swept = parser.add_mutually_exclusive_group(required=True)
+    swept.add_argument("--method", type=sweepable, help=f"one of {sorted(SWEEPS)}, or NAME+NAME")
+    swept.add_argument("--config", help="a config preset (YAML with its `method:`) to sweep with --grid")
+    parser.add_argument("--grid", help="with --config: the JSON grid, {field: [values]} or [{field: value}, ...]")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_steps", type=int, default=400)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
+    if (args.config is None) != (args.grid is None):
+        parser.error(
+            "--grid goes with --config (a method's own grid is in its declaration), and --config needs --grid"
+        )
+    if args.config is not None:
+        method, sweep = preset_sweep(args.config, args.grid)
+        points = named_points(os.path.splitext(os.path.basename(args.config))[0], sweep.points())
+        fixed = sweep.fixed
+    else:
+        method, points, fixed = args.method, grid_points(args.method), None
     configs = os.path.join(args.output_dir, "configs")
     os.makedirs(configs, exist_ok=True)
-    points = grid_points(args.method)
     for name, settings in points:
         with open(os.path.join(configs, f"{name}.yaml"), "w") as file:
-            file.write(config_yaml(args.method, settings))
+            file.write(config_yaml(method, settings, fixed))
     command = [
         sys.executable,
         DEMO,
@@ -145,7 +202,7 @@ def main(argv=None) -> int:
     verdict = f"pick: {chosen} {dict(points)[chosen]}" if chosen else "pick: none (no setting keeps the reward)"
     with open(os.path.join(args.output_dir, "sweep.md"), "w") as file:
         file.write(
-            f"`{' '.join(['python', 'examples/toy_sweep.py', *(argv or sys.argv[1:])])}`\n\n{table}\n{verdict}\n"
+            f"`{shlex.join(['python', 'examples/toy_sweep.py', *(argv or sys.argv[1:])])}`\n\n{table}\n{verdict}\n"
         )
     print(table)
     print(verdict)

@@ -179,3 +179,95 @@ def test_every_point_of_a_sweep_is_a_config_of_its_method(name):
     for point in points:
         assert not set(point) & set(entry.sweep.fixed), f"{name}: a field both swept and fixed"
         toy_config(entry.config_class, **{**entry.defaults, "num_iterations": 2, **entry.sweep.fixed, **point})
+
+
+def test_a_preset_sweeps_its_grid_with_its_other_values_held(tmp_path):
+    """``--config PRESET --grid JSON``: the grid's points named after the preset, each YAML the preset's method and its
+    other values, the point's own value replacing the preset's; a list grid runs its points only."""
+    import yaml
+
+    preset = tmp_path / "entreg_cosine.yaml"
+    preset.write_text("method: entreg\nentropy_coef: 0.03\nentropy_coef_schedule: cosine\nentropy_coef_final: 0.0\n")
+    method, sweep = toy_sweep.preset_sweep(str(preset), '{"entropy_coef": [0.03, 0.1]}')
+    assert method == "entreg"
+    assert sweep.fixed == {"entropy_coef_schedule": "cosine", "entropy_coef_final": 0.0}
+    points = toy_sweep.named_points("entreg_cosine", sweep.points())
+    assert points == [
+        ("entreg_cosine_coef0p03", {"entropy_coef": 0.03}),
+        ("entreg_cosine_coef0p1", {"entropy_coef": 0.1}),
+    ]
+    text = toy_sweep.config_yaml(method, points[1][1], sweep.fixed)
+    assert yaml.safe_load(text) == {
+        "method": "entreg",
+        "entropy_coef_schedule": "cosine",
+        "entropy_coef_final": 0.0,
+        "entropy_coef": 0.1,
+    }
+    pairs = '[{"entropy_coef": 0.1, "entropy_coef_final": 0.01}, {"entropy_coef": 0.3, "entropy_coef_final": 0.0}]'
+    _, paired = toy_sweep.preset_sweep(str(preset), pairs)
+    assert paired.points() == [
+        {"entropy_coef": 0.1, "entropy_coef_final": 0.01},
+        {"entropy_coef": 0.3, "entropy_coef_final": 0.0},
+    ]
+    assert paired.fixed == {"entropy_coef_schedule": "cosine"}
+
+
+@pytest.mark.parametrize(
+    ("preset", "grid", "message"),
+    [
+        ("method: entreg\n", '{"entropy_cof": [0.1, 0.3]}', r"\['entropy_cof'\], no field of entreg's config"),
+        ("method: entreg\n", '{"entropy_coef": [0.1]}', "one point"),
+        ("method: entreg\n", "{entropy_coef: [0.1, 0.3]}", "--grid is not JSON"),
+        ("method: entreg\n", '{"entropy_coef": 0.1}', r'--grid: give \{"field": \[values\]\}'),
+        ("entropy_coef: 0.1\n", '{"entropy_coef": [0.1, 0.3]}', "no `method:`"),
+        ("method: nosuch\n", '{"entropy_coef": [0.1, 0.3]}', "no `method:`"),
+    ],
+)
+def test_a_preset_sweep_refuses_a_grid_it_cannot_run(tmp_path, preset, grid, message):
+    path = tmp_path / "preset.yaml"
+    path.write_text(preset)
+    with pytest.raises(SystemExit, match=message):
+        toy_sweep.preset_sweep(str(path), grid)
+
+
+@pytest.mark.parametrize(
+    "arguments", [["--method", next(iter(toy_sweep.SWEEPS)), "--grid", "{}"], ["--config", "x.yaml"]]
+)
+def test_grid_and_config_go_together(arguments, capsys):
+    with pytest.raises(SystemExit):
+        toy_sweep.main([*arguments, "--output_dir", "unused"])
+    assert "--grid goes with --config" in capsys.readouterr().err
+
+
+def documented_preset_sweeps() -> list[tuple[str, str]]:
+    """The (preset, grid) of every preset sweep docs/demo.md shows the command of."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "demo.md").read_text()
+    sweeps = []
+    for command in re.findall(r"`(python examples/toy_sweep\.py --config [^`]+)`", text):
+        arguments = shlex.split(command)
+        sweeps.append((arguments[arguments.index("--config") + 1], arguments[arguments.index("--grid") + 1]))
+    return sweeps
+
+
+def test_docs_show_the_preset_sweeps_of_the_schedules():
+    presets = {Path(preset).name for preset, _ in documented_preset_sweeps()}
+    assert presets >= {"entreg_cosine.yaml", "aent_band_schedule.yaml", "siren_cosine.yaml"}
+
+
+@pytest.mark.parametrize(("preset", "grid"), documented_preset_sweeps())
+def test_every_point_of_a_documented_preset_sweep_is_a_config_of_its_method(preset, grid):
+    """Each point of a preset sweep docs/demo.md shows builds its method's config with the preset's other values (at
+    the demo's num_iterations, 2)."""
+    from _support.grpo import toy_config
+
+    from trl_entropy.methods import METHODS
+
+    method, sweep = toy_sweep.preset_sweep(str(ROOT / preset), grid)
+    entry = METHODS[method]
+    for point in sweep.points():
+        toy_config(
+            entry.config_class, **{**entry.defaults, "num_iterations": 2, "max_steps": 400, **sweep.fixed, **point}
+        )
