@@ -2,7 +2,7 @@
 # The GPU runbook in one call: on a fresh CUDA machine with the project's wheels carried in, run from the repository
 # root (tests/ and benchmarks/ are read from there):
 #
-#   bash benchmarks/gpu_runbook.sh [--wheels DIR] [--out DIR]
+#   bash benchmarks/gpu_runbook.sh [--wheels DIR] [--out DIR] [--baseline DIR]
 #
 # 1. installs the wheels found in DIR (--wheels; the project's and any others carried in), without the network;
 # 2. the CUDA kernel tests: tests/kernels/test_kernel_cuda.py (fp32 and bf16, both backends, clamp on and off, against
@@ -16,6 +16,13 @@
 # and writes everything, with the command, the versions and the device line, to OUT/<gpu>-<date>.md (OUT defaults to
 # benchmarks/results). A failing stage is recorded and the others still run; the exit status is 1 if any failed.
 #
+# RUNBOOK_COMMIT names the commit where the copy has no git history (the device tool's copy of the working tree).
+#
+# --baseline DIR measures an earlier library beside this one in the same call: DIR is its source tree, unpacked with
+#   git archive REV | (mkdir -p .baseline && tar -x -C .baseline) && echo REV > .baseline/REVISION
+# (.baseline is ignored by git; carry it to the GPU machine). Its own kernel_bench.py and step_bench.py run with DIR
+# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and every trainer.
+#
 # --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
 # the runbook is known to work before GPU time is spent on it (tests/launch/test_gpu_runbook.py runs it in CI).
 set -uo pipefail
@@ -23,6 +30,7 @@ set -uo pipefail
 DRY_RUN=0
 OUT_DIR="benchmarks/results"
 WHEELS=""
+BASELINE=""
 PYTHON="${PYTHON:-python}"
 COMMAND="bash benchmarks/gpu_runbook.sh $*"
 while [ $# -gt 0 ]; do
@@ -30,6 +38,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY_RUN=1 ;;
         --out) OUT_DIR="$2"; shift ;;
         --wheels) WHEELS="$2"; shift ;;
+        --baseline) BASELINE="$(cd "$2" && pwd)" || exit 2; shift ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
@@ -72,7 +81,7 @@ EOF
     echo "* command: \`$COMMAND\`"
     echo "* device: $DEVICE_LINE"
     echo "* versions: $VERSIONS"
-    echo "* commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "* commit: ${RUNBOOK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 } > "$REPORT"
 
 FAILED=()
@@ -99,12 +108,35 @@ stage() {  # stage TITLE COMMAND...: runs it, appends its command and output to 
     rm -f "$log"
 }
 
+# baseline TITLE SCRIPT ARGS...: the baseline's own benchmarks/SCRIPT with ARGS, its library first on the path.
+baseline() {
+    local title="$1" script="$2"; shift 2
+    stage "$title, baseline $(cat "$BASELINE/REVISION" 2>/dev/null || echo "(no REVISION)")" \
+        env PYTHONPATH="$BASELINE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$BASELINE/benchmarks/$script" "$@"
+}
+
+if [ -n "$BASELINE" ]; then
+    # The baseline's package must be the one its benchmarks import, not this one's installed copy (-P: the path a
+    # script has, without the working directory that -c would put first).
+    stage "Baseline library" env PYTHONPATH="$BASELINE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -P -c '
+import sys, trl_entropy
+where = trl_entropy.__file__
+print(f"| baseline library | {where} |")
+sys.exit(0 if where.startswith(sys.argv[1] + "/") else f"the baseline resolved to {where}, not under {sys.argv[1]}")
+' "$BASELINE"
+fi
+
 if [ "$DRY_RUN" = 1 ]; then
     KERNEL_TEST_DEVICE=cpu stage "CUDA kernel tests (dry run: on the CPU, PyTorch backend)" \
         "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py
     stage "Kernel benchmark (dry run)" "$PYTHON" benchmarks/kernel_bench.py --in-process --strict --repeats 1 \
         --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp --profile 3
     stage "Trainer loss step (dry run: toy Qwen2)" "$PYTHON" benchmarks/step_bench.py --preset toy --repeats 1
+    if [ -n "$BASELINE" ]; then
+        baseline "Kernel benchmark (dry run)" kernel_bench.py --in-process --strict --repeats 1 --shapes 64,16,512 \
+            --methods trl,ours_noclamp,ours
+        baseline "Trainer loss step (dry run: toy Qwen2)" step_bench.py --preset toy --repeats 1
+    fi
 else
     stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
         tests/kernels/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
@@ -120,6 +152,12 @@ else
         --methods trl,gemm_floor,ours_triton_noclamp,ours_triton
     stage "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" "$PYTHON" benchmarks/step_bench.py \
         --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
+    if [ -n "$BASELINE" ]; then
+        baseline "Kernel benchmark (bf16)" kernel_bench.py --device cuda --dtype bf16 --repeats 3 --timeout 60 \
+            --shapes 16384,4096,151936 --methods trl,ours_triton_noclamp,ours_triton
+        baseline "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" step_bench.py --preset qwen2-0.5b \
+            --device cuda --dtype bf16 --repeats 3
+    fi
 fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -1,10 +1,12 @@
 """`benchmarks/gpu_runbook.sh --dry-run`: every stage of the GPU runbook at toy sizes on the CPU, so that a GPU's time
 goes to measuring. The report must hold the command, the versions, the device line and every stage's table."""
 
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def unpack_baseline(folder: Path) -> Path:
+    """The committed library as the runbook's header says to unpack a baseline: ``git archive`` and its REVISION."""
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    (folder / "REVISION").write_text(revision.stdout)
+    return folder
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
+    """Every stage, and with --baseline the baseline's own benchmarks with its own package (checked by its path)."""
+    baseline = unpack_baseline(tmp_path / "baseline")
+    out = tmp_path / "out"
     proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_runbook.sh"), "--dry-run", "--out", str(tmp_path)],
+        [
+            "bash",
+            str(ROOT / "benchmarks" / "gpu_runbook.sh"),
+            "--dry-run",
+            "--out",
+            str(out),
+            "--baseline",
+            str(baseline),
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
@@ -24,7 +47,7 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (report,) = tmp_path.glob("dry-run-cpu-*.md")
+    (report,) = out.glob("dry-run-cpu-*.md")
     text = report.read_text()
     for line in ("* command: `bash benchmarks/gpu_runbook.sh --dry-run", "* device: CPU dry run", "* versions: "):
         assert line in text, line
@@ -42,3 +65,11 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     for trainer in ("trl", "base", "aent", "clip_cov", "kl_cov", "repo", "adapo"):
         assert f"\n| {trainer} | " in text, trainer
     assert "failed" not in text, text
+    revision = (baseline / "REVISION").read_text().strip()
+    assert f"| baseline library | {baseline}/trl_entropy/__init__.py |" in text, text
+    kernel, step = (
+        text.split(f"## {stage}, baseline {revision}")[1]
+        for stage in ("Kernel benchmark (dry run)", "Trainer loss step (dry run: toy Qwen2)")
+    )
+    assert f"`env PYTHONPATH={baseline}" in kernel and "| ours, torch path, clamp 0 |" in kernel
+    assert "\n| aent | " in step.split("\n## ")[0]
