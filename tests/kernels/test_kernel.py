@@ -576,3 +576,81 @@ def test_triton_backend_on_cpu_without_interpreter_raises():
     hidden, weight, bias, targets = make_inputs()
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         chunked_logprob_entropy(hidden, weight, targets, backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The backward's blocks
+# ---------------------------------------------------------------------------------------------------------------------
+def test_backward_blocks_without_a_kept_set_read_the_weight_gradient_once_per_token_block():
+    """Without a kept set the backward recomputes in blocks of BACKWARD_TOKEN_BLOCK tokens, within the forward's
+    buffer; with one (the clamp's or top-p's ``z > thr``), in the forward's own chunks and tiles, which recompute the
+    forward's logits bit for bit."""
+    vocab = 151936
+    chunk = lpe.default_chunk_size(16384, vocab, "cuda")
+    assert chunk == 441
+    rows, width = lpe._backward_blocks(16384, vocab, chunk, vocab, kept_set=False)
+    assert (rows, width) == (4096, 16128)  # 441 * 151936 // 4096 = 16358 entries, down to a multiple of 256
+    assert rows * width <= chunk * vocab
+    assert math.ceil(16384 / rows) == 4 and math.ceil(16384 / chunk) == 38  # accumulations of each weight slice
+    assert lpe._backward_blocks(16384, vocab, chunk, vocab, kept_set=True) == (chunk, vocab)
+    assert lpe._backward_blocks(300, vocab, 441, vocab, kept_set=False) == (441, vocab)  # one chunk: as the forward
+    # the upcast path's weight tile bounds the width, and a narrow width is kept as it is
+    assert lpe._backward_blocks(5000, 301, 7, 64, kept_set=False) == (4096, 1)
+
+
+@pytest.mark.parametrize(
+    ("used", "kwargs"),
+    [
+        (("log_probs", "entropy"), dict(clamp_fraction=0.3)),  # the clamped entropy not in the loss: no kept set
+        (OUTPUTS, dict(clamp_fraction=0.0)),
+        (OUTPUTS, dict(clamp_fraction=0.0, logit_scale=0.25, final_logit_softcapping=2.0)),
+    ],
+)
+def test_backward_in_token_blocks_matches_float64(used, kwargs, monkeypatch):
+    """50 tokens in backward blocks of 16 (16 + 16 + 16 + 2) by vocabulary tiles of 256 (256 + 256 + 188), against
+    float64; the recomputed shapes are the backward's blocks, not the forward's chunks of 7."""
+    monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
+    shapes = []
+    original = lpe._chunk_logits
+
+    def spy(h, w, *args):
+        shapes.append((h.shape[0], w.shape[0]))
+        return original(h, w, *args)
+
+    monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
+    out, grads, ref, ref_grads = run_both(
+        hidden, weight, bias, targets, used=used, chunk_size=7, backend="torch", **kwargs
+    )
+    assert_values(out, ref)
+    assert_grads(grads, ref_grads, (hidden, weight, bias))
+    backward = shapes[math.ceil(50 / 7) :]
+    assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward
+
+
+def test_backward_with_a_kept_set_recomputes_the_forward_chunks(monkeypatch):
+    monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
+    shapes = []
+    original = lpe._chunk_logits
+
+    def spy(h, w, *args):
+        shapes.append((h.shape[0], w.shape[0]))
+        return original(h, w, *args)
+
+    monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
+    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, chunk_size=7, clamp_fraction=0.3)
+    assert_grads(grads, ref_grads, (hidden, weight, bias))
+    forward = shapes[: math.ceil(50 / 7)]
+    assert shapes[len(forward) :] == forward == [(7, 700)] * 7 + [(1, 700)]
+
+
+def test_fp32_output_matmul_path_in_token_blocks(monkeypatch):
+    """The CUDA bf16 path (emulated) with the backward in token blocks: bf16 gradients within their rounding."""
+    monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
+    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, n=50, vocab=700, seed=22)
+    with emulate_fp32_output_gemm() as calls:
+        out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, clamp_fraction=0.0, chunk_size=7)
+    assert calls
+    assert_values(out, ref, rtol=1e-5)
+    assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=2e-2)

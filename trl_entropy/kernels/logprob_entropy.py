@@ -45,6 +45,9 @@ CHUNK_BYTES_CUDA = 256 << 20
 # Width of the vocabulary tiles when the weight must be upcast to fp32 for the matmul (bf16/fp16 weights without a
 # matmul that writes fp32): bounds the fp32 copy of the weight tile.
 UPCAST_TILE_BYTES = 32 << 20
+# Tokens per block of the backward where it need not recompute the forward's logits bit for bit (no kept set): each
+# slice of the weight gradient is then accumulated ceil(N / 4096) times, not once per forward chunk.
+BACKWARD_TOKEN_BLOCK = 4096
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -259,10 +262,27 @@ def _backward_coefficients(saved, g_lp, g_h, g_c):
     return {name: t.contiguous() for name, t in coef.items()}
 
 
+def _backward_blocks(n_tokens: int, vocab: int, chunk_size: int, tile: int, kept_set: bool) -> tuple[int, int]:
+    """(tokens, vocabulary entries) of each block the backward recomputes, within the forward's buffer size.
+
+    With a kept set in the gradient (the clamp's or the top-p set: ``z > thr``), the forward's chunks and tiles, so
+    that the recomputed logits are the forward's bit for bit and the kept set is the same. Without one, a last-bit
+    difference only moves a gradient by a rounding, so the blocks are ``BACKWARD_TOKEN_BLOCK`` tokens tall and as
+    wide as the buffer allows (a multiple of 256 entries where it is wider): the weight gradient, ``V x d`` fp32, is
+    read and written once per token block instead of once per chunk.
+    """
+    if kept_set or n_tokens <= chunk_size:
+        return chunk_size, tile
+    rows = min(n_tokens, max(chunk_size, BACKWARD_TOKEN_BLOCK))
+    width = max(1, min(vocab, chunk_size * min(tile, vocab) // rows))
+    return rows, width - width % 256 if width >= 256 else width
+
+
 def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all, grad_h, grad_w, grad_b):
-    """The backward's chunk loop: recompute each chunk's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
+    """The backward's block loop: recompute each block's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
     device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
-    logit_map, chunk_size, tile = ctx.logit_map, ctx.chunk_size, ctx.tile
+    logit_map = ctx.logit_map
+    chunk_size, tile = _backward_blocks(n_tokens, vocab, ctx.chunk_size, ctx.tile, "thr" in coef_all)
     fast, full_precision = ctx.fast, ctx.full_precision
     bias32 = bias.float() if bias is not None else None
     rows_max = min(chunk_size, n_tokens)
