@@ -10,7 +10,7 @@ import pytest
 import torch
 from _reference.float64_reference import reference
 
-from trl_entropy.kernels import chunked_logprob_entropy
+from trl_entropy.kernels import chunked_logprob_entropy, logprob_entropy
 
 
 DEVICE = os.environ.get("KERNEL_TEST_DEVICE", "cuda")
@@ -25,6 +25,20 @@ pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_matches_float64_on_device(dtype, backend, clamp_fraction):
+    check_against_float64(dtype, backend, clamp_fraction)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_backward_in_token_blocks_on_device(dtype, backend, monkeypatch):
+    """Clamp 0: the backward in its own blocks of 32 tokens (2 blocks) by vocabulary tiles of 2048 + 952, each a GEMM
+    of another shape than the forward's chunks of 24 tokens."""
+    monkeypatch.setattr(logprob_entropy, "BACKWARD_TOKEN_BLOCK", 32)
+    assert logprob_entropy._backward_blocks(N, V, 24, V, kept_set=False) == (32, 2048)
+    check_against_float64(dtype, backend, 0.0)
+
+
+def check_against_float64(dtype, backend, clamp_fraction):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(N, D, generator=g, dtype=torch.float64).to(dtype)
     weight = (torch.randn(V, D, generator=g, dtype=torch.float64) * 0.3).to(dtype)
