@@ -397,7 +397,9 @@ def test_forward_saves_only_inputs_and_per_token_floats():
     sum(o.sum() for o in out).backward()
 
 
-def test_at_most_one_chunk_of_logits_at_a_time(monkeypatch):
+@pytest.fixture
+def logit_shapes(monkeypatch):
+    """(rows, vocabulary entries) of every block of logits the kernel computes, in order."""
     shapes = []
     original = lpe._chunk_logits
 
@@ -406,6 +408,11 @@ def test_at_most_one_chunk_of_logits_at_a_time(monkeypatch):
         return original(h, w, *args)
 
     monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    return shapes
+
+
+def test_at_most_one_chunk_of_logits_at_a_time(logit_shapes):
+    shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs()
     h = hidden.clone().requires_grad_()
     out = chunked_logprob_entropy(h, weight, targets, bias=bias, clamp_fraction=0.3, chunk_size=5)
@@ -606,18 +613,11 @@ def test_backward_blocks_without_a_kept_set_read_the_weight_gradient_once_per_to
         (OUTPUTS, dict(clamp_fraction=0.0, logit_scale=0.25, final_logit_softcapping=2.0)),
     ],
 )
-def test_backward_in_token_blocks_matches_float64(used, kwargs, monkeypatch):
+def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, monkeypatch):
     """50 tokens in backward blocks of 16 (16 + 16 + 16 + 2) by vocabulary tiles of 256 (256 + 256 + 188), against
     float64; the recomputed shapes are the backward's blocks, not the forward's chunks of 7."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
-    shapes = []
-    original = lpe._chunk_logits
-
-    def spy(h, w, *args):
-        shapes.append((h.shape[0], w.shape[0]))
-        return original(h, w, *args)
-
-    monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
     out, grads, ref, ref_grads = run_both(
         hidden, weight, bias, targets, used=used, chunk_size=7, backend="torch", **kwargs
@@ -628,16 +628,9 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, monkeypatch):
     assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward
 
 
-def test_backward_with_a_kept_set_recomputes_the_forward_chunks(monkeypatch):
+def test_backward_with_a_kept_set_recomputes_the_forward_chunks(logit_shapes, monkeypatch):
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
-    shapes = []
-    original = lpe._chunk_logits
-
-    def spy(h, w, *args):
-        shapes.append((h.shape[0], w.shape[0]))
-        return original(h, w, *args)
-
-    monkeypatch.setattr(lpe, "_chunk_logits", spy)
+    shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
     out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, chunk_size=7, clamp_fraction=0.3)
     assert_grads(grads, ref_grads, (hidden, weight, bias))
