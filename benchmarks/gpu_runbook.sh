@@ -21,8 +21,8 @@
 # --baseline DIR measures an earlier library beside this one in the same call: DIR is its source tree, unpacked with
 #   git archive REV | (mkdir -p .baseline && tar -x -C .baseline) && echo REV > .baseline/REVISION
 # (.baseline is ignored by git; carry it to the GPU machine). Its own kernel_bench.py and step_bench.py run with DIR
-# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and the loss step of
-# trl.GRPOTrainer, the base trainer (clamp 0) and AEnt (the clamp).
+# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and every trainer's
+# loss step.
 #
 # --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
 # the runbook is known to work before GPU time is spent on it (tests/launch/test_gpu_runbook.py runs it in CI).
@@ -136,8 +136,7 @@ if [ "$DRY_RUN" = 1 ]; then
     if [ -n "$BASELINE" ]; then
         baseline "Kernel benchmark (dry run)" kernel_bench.py --in-process --strict --repeats 1 --shapes 64,16,512 \
             --methods trl,ours_noclamp,ours
-        baseline "Trainer loss step (dry run: toy Qwen2)" step_bench.py --preset toy --trainers trl,base,aent \
-            --repeats 1
+        baseline "Trainer loss step (dry run: toy Qwen2)" step_bench.py --preset toy --repeats 1
     fi
 else
     stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
@@ -158,7 +157,7 @@ else
         baseline "Kernel benchmark (bf16)" kernel_bench.py --device cuda --dtype bf16 --repeats 3 --timeout 60 \
             --shapes 16384,4096,151936 --methods trl,ours_triton_noclamp,ours_triton
         baseline "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" step_bench.py --preset qwen2-0.5b \
-            --trainers trl,base,aent --device cuda --dtype bf16 --repeats 3
+            --device cuda --dtype bf16 --repeats 3
     fi
 fi
 
