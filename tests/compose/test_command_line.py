@@ -1,10 +1,23 @@
 """Methods combined on the command line and in YAML: `--method NAME+NAME` and `entropy_control: [NAME, NAME]` build the
 combination's config with both methods' options (in `--help` too), and every malformed combination is a usage error
-that says what to change. In Python: unknown, empty, repeated and foreign settings are refused by name."""
+that says what to change. In Python: unknown, empty, repeated and foreign settings are refused by name. A warning
+about the settings names the user's line, however deep the library builds the config."""
+
+import sys
+import warnings
 
 import pytest
 
-from trl_entropy import EntropyGRPOConfig, QAEConfig, QAETrainer
+from trl_entropy import (
+    ADAPOConfig,
+    CEGPPOConfig,
+    EntrocraftConfig,
+    EntropyGRPOConfig,
+    ERCConfig,
+    QAEConfig,
+    QAETrainer,
+)
+from trl_entropy.core.config import EntropyGRPOBaseConfig
 from trl_entropy.methods import combination
 from trl_entropy.scripts import train_arguments
 
@@ -164,3 +177,47 @@ def test_a_field_left_at_its_default_takes_the_default_a_selected_method_gives_i
             EntropyGRPOConfig(**options)
         return
     assert getattr(EntropyGRPOConfig(**options), field) == given  # a value set is kept
+
+
+# A warning about the user's settings (core/warn.py) is shown at the user's line that builds the config, so that
+# Python's display and filters by module (-W error::UserWarning:MODULE) name the user's code: a method's own config,
+# EntropyGRPOConfig (which composes the methods' configs) and TRL's argument parser reach the check at other depths.
+# (a method's own config, the entropy_control that selects the method; the settings that warn; the warning's start)
+WARNED_SETTINGS = [
+    (EntropyGRPOBaseConfig, None, {"epsilon_high": 0.28}, "epsilon=0.2, epsilon_high=0.28 with fully on-policy"),
+    (ADAPOConfig, ["adapo"], {}, "ADAPO with fully on-policy updates"),
+    (ERCConfig, ["erc"], {}, "ERC with fully on-policy updates"),
+    (CEGPPOConfig, ["ce_gppo"], {}, "CE-GPPO with fully on-policy updates"),
+    (EntrocraftConfig, ["entrocraft"], {"use_adaptive_entropy": True}, "Entrocraft holds the entropy in its band"),
+]
+
+
+def warned_at(caught, start: str) -> tuple[str, int]:
+    """The file and line of the one warning of ``caught`` whose message starts with ``start``."""
+    (warned,) = [item for item in caught if str(item.message).startswith(start)]
+    return warned.filename, warned.lineno
+
+
+@pytest.mark.parametrize("combined", [False, True], ids=["own", "combined"])
+@pytest.mark.parametrize(
+    ("config_class", "names", "options", "start"), WARNED_SETTINGS, ids=[row[0].__name__ for row in WARNED_SETTINGS]
+)
+def test_a_warning_about_the_settings_names_the_line_that_builds_the_config(
+    config_class, names, options, start, combined, tmp_path
+):
+    if combined:
+        config_class, options = EntropyGRPOConfig, {"entropy_control": names, **options}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        config_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **options)
+    assert warned_at(caught, start) == (__file__, line)
+
+
+def test_a_warning_about_the_command_lines_settings_names_the_line_that_parses_it(tmp_path):
+    arguments = ["--method", "aent+adapo", "--num_iterations", "1", "--output_dir", str(tmp_path), "--use_cpu"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        train_arguments.parse_arguments(arguments)
+    assert warned_at(caught, "ADAPO with fully on-policy updates") == (__file__, line)

@@ -3,6 +3,7 @@
 generation batch."""
 
 import math
+import sys
 import warnings
 
 import pytest
@@ -29,8 +30,11 @@ from _support.cov import (
     trainer_step,
 )
 from _support.distributed_run import make_trainer
+from _support.grpo import toy_config, toy_dataset
 
+from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.methods.kl_cov import KLCovConfig, KLCovTrainer, kl_cov_selection
+from trl_entropy.toy import toy_reward
 
 
 def test_kl_cov_selection_against_sorting():
@@ -76,6 +80,24 @@ def test_kl_cov_warns_once_per_trainer_when_fully_on_policy(warm_toy_policy_path
         trainer.train()
         assert len(on_policy_warnings(caught)) == 1
     assert len(logged(trainer, "loss")) == 2  # the steps ran
+
+
+@pytest.mark.parametrize(
+    ("trainer_class", "config_class", "options"),
+    [(KLCovTrainer, KLCovConfig, {}), (EntropyGRPOTrainer, EntropyGRPOConfig, {"entropy_control": ["kl_cov"]})],
+    ids=["own", "combined"],
+)
+def test_the_on_policy_warning_names_the_line_that_builds_the_trainer(
+    toy_model_path, tmp_path, trainer_class, config_class, options
+):
+    """The trainer builds KL-Cov's part, which warns (core/warn.py): at the user's line, not the library's."""
+    args = toy_config(config_class, tmp_path, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        trainer_class(model=toy_model_path, reward_funcs=toy_reward, args=args, train_dataset=toy_dataset(8))
+    (warned,) = on_policy_warnings(caught)
+    assert (warned.filename, warned.lineno) == (__file__, line)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import re
-import warnings
 from contextlib import contextmanager
 from dataclasses import fields
 
@@ -37,6 +36,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .config import EntropyGRPOBaseConfig
 from .control import EntropyControlState
 from .trl.noise import MISSING_KEYS_LOGGER, MISSING_KEYS_REPORT
+from .warn import warn_user
 
 
 # The buffered generation batch of a checkpoint taken inside a generation cycle, one file per process.
@@ -207,7 +207,7 @@ def last_complete_checkpoint(output_dir: str) -> str:
         reason = incomplete_reason(folder)
         if reason is None:
             return folder
-        warnings.warn(f"skipping the incomplete checkpoint {folder}: {reason}", stacklevel=3)
+        warn_user(f"skipping the incomplete checkpoint {folder}: {reason}")
     raise ValueError(f"No valid checkpoint found in output directory ({output_dir}): no complete checkpoint folder")
 
 
@@ -225,10 +225,9 @@ def warn_changed_settings(trainer, checkpoint: str, stored: dict) -> None:
         if not same(stored.get(name, "(absent)"), current.get(name, "(absent)"))
     ]
     if changed:
-        warnings.warn(
+        warn_user(
             f"resuming {checkpoint} with settings that differ from the checkpoint's; the new values apply, the "
-            f"learned state (coefficients, measured targets) comes from the checkpoint: {'; '.join(changed)}",
-            stacklevel=3,
+            f"learned state (coefficients, measured targets) comes from the checkpoint: {'; '.join(changed)}"
         )
 
 
@@ -245,10 +244,9 @@ def start_new_cycle(trainer, reason: str | None) -> None:
     trainer.micro_step, trainer.buffered_generation_batch = 0, None
     trainer.controller_cycle.start_cycle()
     if reason is not None:
-        warnings.warn(
+        warn_user(
             f"{reason}: the buffered generation batch and the partial cycle statistics are discarded and the "
-            "generation batch is regenerated from the resumed policy, so this run will differ from a straight one",
-            stacklevel=3,
+            "generation batch is regenerated from the resumed policy, so this run will differ from a straight one"
         )
 
 
@@ -275,7 +273,7 @@ def restore_entropy_control(trainer, checkpoint: str) -> None:
         if not fresh:
             refuse_other_method(trainer, checkpoint, written_by)
         start_new_cycle(trainer, None)
-        warnings.warn(f"{checkpoint} was written by {written_by}: {method_name(trainer)} starts fresh", stacklevel=2)
+        warn_user(f"{checkpoint} was written by {written_by}: {method_name(trainer)} starts fresh")
         return
     if "settings" in snapshot:
         warn_changed_settings(trainer, checkpoint, snapshot["settings"])

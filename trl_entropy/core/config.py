@@ -1,7 +1,6 @@
 """``EntropyGRPOBaseConfig``, the base of every method's config, and the validators the methods' configs share."""
 
 import math
-import warnings
 from dataclasses import Field, dataclass, field, fields
 from typing import ClassVar
 
@@ -11,6 +10,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .schedules import ENTROPY_COEF_SCHEDULE, SCHEDULE_UNITS, SCHEDULES, Schedule
 from .trl.objectives import LOSS_TYPES
+from .warn import warn_user
 
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")
@@ -142,20 +142,18 @@ def reject_trl_entropy_bonus(config, method: str) -> None:
         )
 
 
-def warn_if_on_policy(config, subject: str, consequence: str, acts: str, stacklevel: int) -> None:
+def warn_if_on_policy(config, subject: str, consequence: str, acts: str) -> None:
     """Warn once, naming the settings that would make ``subject`` act, when training is fully on-policy: every
     generation batch serves a single optimizer step, so every importance ratio is 1 (``ℓ^old = ℓ``).
 
-    ``consequence`` says what that does to the method, ``acts`` completes "Set ... for {acts}." ``stacklevel`` is the
-    caller's, as for ``warnings.warn``.
+    ``consequence`` says what that does to the method, ``acts`` completes "Set ... for {acts}."
     """
     generate_every = config.steps_per_generation * config.num_iterations
     if config.gradient_accumulation_steps % generate_every == 0:
-        warnings.warn(
+        warn_user(
             f"{subject} with fully on-policy updates (gradient_accumulation_steps is a multiple of "
             f"steps_per_generation * num_iterations = {generate_every}): {consequence} Set num_iterations > 1 or "
-            f"steps_per_generation > gradient_accumulation_steps for {acts}.",
-            stacklevel=stacklevel + 1,
+            f"steps_per_generation > gradient_accumulation_steps for {acts}."
         )
 
 
@@ -302,7 +300,6 @@ class EntropyGRPOBaseConfig(GRPOConfig):
                 f"epsilon={self.epsilon}, epsilon_high={epsilon_high}",
                 "every ratio is 1, so the clip never binds and the clip range has no effect.",
                 "it to act",
-                stacklevel=3,
             )
 
     def check_settings(self) -> None:

@@ -15,13 +15,14 @@ checkpoint and logs its metrics at every optimizer step.
 """
 
 import math
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
+
+from .warn import warn_user
 
 
 class Controller(ABC):
@@ -113,12 +114,11 @@ class EntropyTargetController(Controller):
         if self.entropy_target is None:
             self.entropy_target = float(mean_statistic)
             if self.entropy_target < DEGENERATE_ENTROPY:
-                warnings.warn(
+                warn_user(
                     f"{self.name}: the entropy target measured on the first generation cycle (ending at optimizer "
                     f"step {step}) is {self.entropy_target:.3g} nats, practically zero (every completion nearly "
                     "deterministic, e.g. only EOS): the controller will hold the entropy there. Give the target "
-                    "explicitly in the config to aim at a useful entropy.",
-                    stacklevel=2,
+                    "explicitly in the config to aim at a useful entropy."
                 )
         self.value = self.step(self.value, mean_statistic, self.entropy_target)
 
@@ -160,10 +160,9 @@ def update_or_hold(controller: Controller, mean: float, step: int, where: str) -
     if math.isfinite(mean):
         controller.update(mean, step)
         return
-    warnings.warn(
+    warn_user(
         f"{where} optimizer step {step}: the {controller.statistic} statistic over every rank's valid tokens is "
-        f"{mean}; controller {controller.name!r} keeps its value",
-        stacklevel=4,
+        f"{mean}; controller {controller.name!r} keeps its value"
     )
 
 

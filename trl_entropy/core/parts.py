@@ -7,7 +7,6 @@ measured, ``(value, metrics)``; the loss step records the metrics (``TokenMean``
 tokens there, a collective every rank makes in the same order).
 """
 
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -15,6 +14,7 @@ import torch
 
 from .batch import CompletionBatch
 from .control import Controller
+from .warn import warn_user
 
 
 if TYPE_CHECKING:
@@ -165,8 +165,7 @@ def warn_beside_entropy_drivers(config, part: type, subject: str) -> None:
     drivers = [p.key for p in config.method_parts if p is not part and p.controllers is not MethodPart.controllers]
     drivers += ["use_adaptive_entropy"] if config.use_adaptive_entropy else []
     if drivers:
-        warnings.warn(
+        warn_user(
             f"{subject}, and {drivers} also drives the entropy to a target of its own: the two can pull against each "
-            "other.",
-            stacklevel=6,
+            "other."
         )

@@ -166,7 +166,6 @@ class ADAPOConfig(EntropyGRPOBaseConfig):
             "every ratio is 1, so the clip never binds and epsilon_high, the value ADAPO controls, has no effect; the "
             "loss is plain DAPO.",
             "ADAPO to act",
-            stacklevel=5,  # the code that builds the config
         )
 
 

@@ -176,7 +176,6 @@ class CEGPPOConfig(EntropyGRPOBaseConfig):
             "every ratio is 1, so no token leaves the clip range: ce_gppo_beta1 and ce_gppo_beta2 have no effect and "
             "the loss is plain GRPO's.",
             "CE-GPPO to act (the authors make 8 updates per rollout batch)",
-            stacklevel=5,  # the code that builds the config
         )
 
 

@@ -10,7 +10,6 @@ stay in the normaliser. Where the draw is made (per micro-batch, or once per gen
 
 import functools
 import hashlib
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,6 +22,7 @@ from ..core.parts import Metrics, TokenGate, TokenMean
 from ..core.statistics import token_covariance
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.surrogates import surrogate_flat
+from ..core.warn import warn_user
 from .cov_selection import COV_PAPER, PAPER, CovSelectionConfig, CovSelectionPart, selection_count
 from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
@@ -135,10 +135,9 @@ class ClipCovPart(CovSelectionPart):
         state = load_rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, process_index)
         if state is None:
             path = rank_file(checkpoint, CLIP_COV_GENERATOR_FILE, process_index)
-            warnings.warn(
+            warn_user(
                 f"{path} is missing: Clip-Cov's token selection restarts from its seed instead of continuing the "
-                "checkpointed random stream",
-                stacklevel=2,
+                "checkpointed random stream"
             )
             return
         self.generators["train"].set_state(state)

@@ -15,7 +15,6 @@ below and GRPO's advantages inside, on the raw reward ``R``; the estimator-agnos
 """
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,6 +25,7 @@ from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.control import Controller, LastCycleMean
 from ..core.parts import MethodPart, warn_beside_entropy_drivers
 from ..core.trainer import EntropyGRPOTrainer
+from ..core.warn import warn_user
 from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep, Variant
 
 
@@ -105,11 +105,10 @@ class EntrocraftPart(MethodPart):
         if self.warned_offset or (rewards < self.args.entrocraft_reward_offset).any():  # NaN (unscorable) is not below
             return
         self.warned_offset = True
-        warnings.warn(
+        warn_user(
             "Entrocraft rejects this cycle's positive rollouts (its entropy is below the band), but no reward is "
             f"below entrocraft_reward_offset={self.args.entrocraft_reward_offset!r}, so every advantage is 0 and the "
-            "cycle trains nothing. The authors' rewards are ±1; with 0/1 rewards set entrocraft_reward_offset=0.5.",
-            stacklevel=2,
+            "cycle trains nothing. The authors' rewards are ±1; with 0/1 rewards set entrocraft_reward_offset=0.5."
         )
 
 

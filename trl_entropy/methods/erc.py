@@ -124,7 +124,6 @@ class ERCConfig(EntropyGRPOBaseConfig):
             "the rollout policy is the policy being trained, every entropy ratio is 1 and no token is ever gated; the "
             "loss is the plain surrogate.",
             "ERC to act",
-            stacklevel=5,  # the code that builds the config
         )
 
 

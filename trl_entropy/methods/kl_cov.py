@@ -54,7 +54,6 @@ class KLCovPart(CovSelectionPart):
             "ℓ^old = ℓ at every step, so the penalty |ℓ − ℓ^old| and its gradient are 0 and the loss is the unclipped "
             "−A·r.",
             "the penalty to act (the paper makes 8 updates per rollout batch)",
-            stacklevel=3,  # the code that builds the trainer
         )
 
     def select_tokens(self, cov, mask, clip_active, mode):
