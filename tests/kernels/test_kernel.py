@@ -601,8 +601,12 @@ def test_backward_blocks_without_a_kept_set_read_the_weight_gradient_once_per_to
     assert math.ceil(16384 / rows) == 4 and math.ceil(16384 / chunk) == 38  # accumulations of each weight slice
     assert lpe._backward_blocks(16384, vocab, chunk, vocab, kept_set=True) == (chunk, vocab)
     assert lpe._backward_blocks(300, vocab, 441, vocab, kept_set=False) == (441, vocab)  # one chunk: as the forward
-    # the upcast path's weight tile bounds the width, and a narrow width is kept as it is
-    assert lpe._backward_blocks(5000, 301, 7, 64, kept_set=False) == (4096, 1)
+    # the CPU's bf16 path upcasts the weight in tiles of 2048 rows at d = 4096: the tile bounds the width
+    assert lpe._backward_blocks(16384, vocab, 110, 2048, kept_set=False) == (4080, 2048)
+    # a small chunk: blocks as tall as keep them 4096 entries wide
+    assert lpe._backward_blocks(16384, vocab, 8, vocab, kept_set=False) == (296, 4096)
+    # a chunk of a small vocabulary holds no taller block of 301 entries: the forward's
+    assert lpe._backward_blocks(5000, 301, 7, 64, kept_set=False) == (7, 64)
 
 
 @pytest.mark.parametrize(
@@ -617,6 +621,7 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, mo
     """50 tokens in backward blocks of 16 (16 + 16 + 16 + 2) by vocabulary tiles of 256 (256 + 256 + 188), against
     float64; the recomputed shapes are the backward's blocks, not the forward's chunks of 7."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
+    monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 256)
     shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
     out, grads, ref, ref_grads = run_both(
@@ -628,19 +633,25 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, mo
     assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward
 
 
-def test_backward_with_a_kept_set_recomputes_the_forward_chunks(logit_shapes, monkeypatch):
+@pytest.mark.parametrize("clamp_fraction", [0.3, 0.9])
+def test_backward_with_a_kept_set_recomputes_the_forward_chunks(clamp_fraction, logit_shapes, monkeypatch):
+    """With the clamped entropy in the loss the backward recomputes the forward's chunks of 7, not blocks of 16 x 131
+    it would take without: each row's k-th logit is the threshold itself, and a recompute of another shape that rounds
+    it up puts it in the kept set (with those blocks here, the gradients miss float64 by far)."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
-    shapes = logit_shapes
-    hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
-    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, chunk_size=7, clamp_fraction=0.3)
+    monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 32)
+    assert lpe._backward_blocks(N, V, 7, V, kept_set=False) == (16, 131)
+    hidden, weight, bias, targets = make_inputs()
+    _, grads, _, ref_grads = run_both(hidden, weight, bias, targets, chunk_size=7, clamp_fraction=clamp_fraction)
     assert_grads(grads, ref_grads, (hidden, weight, bias))
-    forward = shapes[: math.ceil(50 / 7)]
-    assert shapes[len(forward) :] == forward == [(7, 700)] * 7 + [(1, 700)]
+    forward = logit_shapes[: math.ceil(N / 7)]
+    assert logit_shapes[len(forward) :] == forward == [(7, V)] * 3 + [(2, V)]
 
 
 def test_fp32_output_matmul_path_in_token_blocks(monkeypatch):
     """The CUDA bf16 path (emulated) with the backward in token blocks: bf16 gradients within their rounding."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
+    monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 256)
     hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, n=50, vocab=700, seed=22)
     with emulate_fp32_output_gemm() as calls:
         out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, clamp_fraction=0.0, chunk_size=7)

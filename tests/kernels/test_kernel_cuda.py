@@ -34,6 +34,7 @@ def test_backward_in_token_blocks_on_device(dtype, backend, monkeypatch):
     """Clamp 0: the backward in its own blocks of 32 tokens (2 blocks) by vocabulary tiles of 2048 + 952, each a GEMM
     of another shape than the forward's chunks of 24 tokens."""
     monkeypatch.setattr(logprob_entropy, "BACKWARD_TOKEN_BLOCK", 32)
+    monkeypatch.setattr(logprob_entropy, "BACKWARD_MIN_WIDTH", 1024)
     assert logprob_entropy._backward_blocks(N, V, 24, V, kept_set=False) == (32, 2048)
     check_against_float64(dtype, backend, 0.0)
 

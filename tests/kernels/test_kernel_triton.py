@@ -128,12 +128,13 @@ def interpreter_checks() -> None:
 
     # no kept set: the backward's own blocks, 3 tokens by 200 vocabulary entries (rows 3 + 3 + 2, tiles 200 + 100)
     blocks = kernels.logprob_entropy
-    default_block, blocks.BACKWARD_TOKEN_BLOCK = blocks.BACKWARD_TOKEN_BLOCK, 3
+    defaults = blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH
+    blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH = 3, 128
     try:
         assert blocks._backward_blocks(8, 300, 2, 300, kept_set=False) == (3, 200)
         _check(kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.0, chunk_size=2)
     finally:
-        blocks.BACKWARD_TOKEN_BLOCK = default_block
+        blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH = defaults
     done("clamp 0, the backward in token blocks and vocabulary tiles of its own")
 
     # TRL's logit map (soft-cap 2 bends these logits, std ~2.8; both factors enter every gradient), clamp on and off

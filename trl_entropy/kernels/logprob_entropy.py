@@ -45,9 +45,12 @@ CHUNK_BYTES_CUDA = 256 << 20
 # Width of the vocabulary tiles when the weight must be upcast to fp32 for the matmul (bf16/fp16 weights without a
 # matmul that writes fp32): bounds the fp32 copy of the weight tile.
 UPCAST_TILE_BYTES = 32 << 20
-# Tokens per block of the backward where it need not recompute the forward's logits bit for bit (no kept set): each
-# slice of the weight gradient is then accumulated ceil(N / 4096) times, not once per forward chunk.
+# The backward's blocks where it need not recompute the forward's logits bit for bit (no kept set): up to 4096 tokens
+# tall, so that each slice of the weight gradient is accumulated ceil(N / 4096) times, not once per forward chunk, and
+# at least 4096 vocabulary entries wide where the buffer allows, so that narrow tiles do not multiply the hidden
+# gradient's accumulations instead (TRL's head uses tiles of 4096 tokens by 32,768 entries).
 BACKWARD_TOKEN_BLOCK = 4096
+BACKWARD_MIN_WIDTH = 4096
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -263,18 +266,21 @@ def _backward_coefficients(saved, g_lp, g_h, g_c):
 
 
 def _backward_blocks(n_tokens: int, vocab: int, chunk_size: int, tile: int, kept_set: bool) -> tuple[int, int]:
-    """(tokens, vocabulary entries) of each block the backward recomputes, within the forward's buffer size.
+    """(tokens, vocabulary entries) of each block the backward recomputes: the forward's chunk and weight tile, or
+    taller blocks of at most the forward's chunk of logits (``chunk_size x vocab`` entries).
 
     With a kept set in the gradient (the clamp's or the top-p set: ``z > thr``), the forward's chunks and tiles, so
     that the recomputed logits are the forward's bit for bit and the kept set is the same. Without one, a last-bit
-    difference only moves a gradient by a rounding, so the blocks are ``BACKWARD_TOKEN_BLOCK`` tokens tall and as
-    wide as the buffer allows (a multiple of 256 entries where it is wider): the weight gradient, ``V x d`` fp32, is
-    read and written once per token block instead of once per chunk.
+    difference only moves a gradient by a rounding, so the blocks are up to ``BACKWARD_TOKEN_BLOCK`` tokens tall and
+    at least ``BACKWARD_MIN_WIDTH`` wide where the budget allows (at most the weight tile ``tile``, a multiple of 256
+    entries where wider): the weight gradient, ``V x d`` fp32, is read and written once per token block instead of
+    once per chunk.
     """
-    if kept_set or n_tokens <= chunk_size:
+    budget = chunk_size * vocab
+    rows = min(n_tokens, BACKWARD_TOKEN_BLOCK, budget // min(BACKWARD_MIN_WIDTH, vocab))
+    if kept_set or rows <= chunk_size:
         return chunk_size, tile
-    rows = min(n_tokens, max(chunk_size, BACKWARD_TOKEN_BLOCK))
-    width = max(1, min(vocab, chunk_size * min(tile, vocab) // rows))
+    width = min(tile, vocab, budget // rows)
     return rows, width - width % 256 if width >= 256 else width
 
 
