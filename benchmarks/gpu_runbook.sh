@@ -9,10 +9,11 @@
 #    float64) and the Triton compile test;
 # 3. the kernel benchmark, bf16, N = 16384 at (d, V) = (4096, 151936) and (2048, 32768): naive logits, TRL's chunked
 #    head, Liger's chunked GRPO loss, the four LM-head GEMMs alone (the floor), ours (torch and triton, clamp on and
-#    off); then the AEnt reference approach (full logits + top-k on the CPU) against ours at N = 2048; then one call
-#    each of TRL's head, the GEMM floor and ours (Triton, clamp on and off) under torch.profiler (--profile);
+#    off);
 # 4. the trainer loss step of a random-initialised ~0.5B Qwen2-architecture model for every trainer against
 #    trl.GRPOTrainer;
+# 5. one call each of TRL's head, the GEMM floor and ours (Triton, clamp on and off) under torch.profiler (--profile);
+#    then the AEnt reference approach (full logits + top-k on the CPU) against ours at N = 2048;
 # and writes everything, with the command, the versions and the device line, to OUT/<gpu>-<date>.md (OUT defaults to
 # benchmarks/results). A failing stage is recorded and the others still run; the exit status is 1 if any failed.
 #
@@ -141,24 +142,27 @@ if [ "$DRY_RUN" = 1 ]; then
 else
     stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
         tests/kernels/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
-    # Each (shape, method) runs in its own process under --timeout; the AEnt reference sorts the full logits on the
-    # CPU (minutes at N = 16384), so it runs at N = 2048 beside ours.
+    # Each (shape, method) runs in its own process under --timeout. The baseline's stages follow their counterparts,
+    # before the stages the earlier records already hold, so that a call cut short keeps the comparison.
     stage "Kernel benchmark (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda --dtype bf16 --repeats 3 \
         --timeout 60 --shapes 16384,4096,151936 16384,2048,32768 \
         --methods naive,trl,liger,gemm_floor,ours,ours_noclamp,ours_triton,ours_triton_noclamp
-    stage "Kernel benchmark against the AEnt reference (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda \
-        --dtype bf16 --repeats 1 --timeout 60 --shapes 2048,4096,151936 --methods reference,ours,ours_triton
-    stage "Kernel profile (bf16, one call each: own device time per kernel)" "$PYTHON" benchmarks/kernel_bench.py \
-        --device cuda --dtype bf16 --repeats 1 --timeout 60 --profile 12 --shapes 16384,4096,151936 \
-        --methods trl,gemm_floor,ours_triton_noclamp,ours_triton
-    stage "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" "$PYTHON" benchmarks/step_bench.py \
-        --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
     if [ -n "$BASELINE" ]; then
         baseline "Kernel benchmark (bf16)" kernel_bench.py --device cuda --dtype bf16 --repeats 3 --timeout 60 \
             --shapes 16384,4096,151936 --methods trl,ours_triton_noclamp,ours_triton
+    fi
+    stage "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" "$PYTHON" benchmarks/step_bench.py \
+        --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
+    if [ -n "$BASELINE" ]; then
         baseline "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" step_bench.py --preset qwen2-0.5b \
             --device cuda --dtype bf16 --repeats 3
     fi
+    stage "Kernel profile (bf16, one call each: own device time per kernel)" "$PYTHON" benchmarks/kernel_bench.py \
+        --device cuda --dtype bf16 --repeats 1 --timeout 60 --profile 12 --shapes 16384,4096,151936 \
+        --methods trl,gemm_floor,ours_triton_noclamp,ours_triton
+    # The AEnt reference sorts the full logits on the CPU (minutes at N = 16384), so it runs at N = 2048 beside ours.
+    stage "Kernel benchmark against the AEnt reference (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda \
+        --dtype bf16 --repeats 1 --timeout 60 --shapes 2048,4096,151936 --methods reference,ours,ours_triton
 fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then

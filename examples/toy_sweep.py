@@ -43,6 +43,9 @@ REWARD_MARGIN = 0.1
 EXAMPLES = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(EXAMPLES, "entropy_collapse_demo.py")
 SEPARATOR = "+"  # joins the methods of a combination, as --method does
+# A config's keys that a sweep's points never carry: the method is the YAML's first line, and the demo's recipe sets
+# num_iterations (2) for every run.
+NOT_SWEPT = ("method", "num_iterations")
 
 
 def grid_settings(method: str) -> list[dict]:
@@ -64,7 +67,7 @@ def fixed_settings(method: str) -> dict:
             fixed.update(SWEEPS[part].fixed)
         elif SEPARATOR in method:
             with open(os.path.join(EXAMPLES, "configs", f"{part}.yaml")) as file:
-                fixed.update({k: v for k, v in yaml.safe_load(file).items() if k not in ("method", "num_iterations")})
+                fixed.update({k: v for k, v in yaml.safe_load(file).items() if k not in NOT_SWEPT})
     return fixed
 
 
@@ -81,12 +84,30 @@ def grid_points(method: str) -> list[tuple[str, dict]]:
 
 
 def named_points(prefix: str, grid: list[dict]) -> list[tuple[str, dict]]:
-    """(run name, config values) for each point of ``grid``: the prefix, then each value after its field's end."""
+    """(run name, config values) for each point of ``grid``: the prefix, then each value after its field's label."""
+    labels = field_labels(list(dict.fromkeys(key for settings in grid for key in settings)))
     points = []
     for settings in grid:
-        name = prefix + "_" + "_".join(f"{key.split('_')[-1]}{value:g}" for key, value in settings.items())
+        name = prefix + "_" + "_".join(f"{labels[key]}{value_label(value)}" for key, value in settings.items())
         points.append((name.replace(".", "p"), settings))
     return points
+
+
+def field_labels(fields: list[str]) -> dict[str, str]:
+    """Each field's shortest ending, in words, that no other field of the grid ends with (``clip_cov_ratio`` ->
+    ``ratio``; ``entrocraft_lower_start`` beside ``entrocraft_upper_start`` -> ``lower_start``), or the whole name
+    where every ending is another field's."""
+    labels = {}
+    for key in fields:
+        words = key.split("_")
+        ends = ("_".join(words[-n:]) for n in range(1, len(words) + 1))
+        others = [other for other in fields if other != key]
+        labels[key] = next((end for end in ends if not any(o == end or o.endswith("_" + end) for o in others)), key)
+    return labels
+
+
+def value_label(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def config_yaml(method: str, settings: dict, fixed: dict | None = None) -> str:
@@ -114,13 +135,21 @@ def preset_sweep(path: str, grid_json: str) -> tuple[str, Sweep]:
     ):
         raise SystemExit('--grid: give {"field": [values]} (every combination) or [{"field": value}, ...] (points)')
     sweep = Sweep(grid)
+    points = sweep.points()
+    if any(set(point) != set(points[0]) for point in points):
+        raise SystemExit("--grid: every point of a list grid sets the same fields (the table has a column for each)")
+    values = [value for point in points for value in point.values()]
+    if not all(isinstance(value, (int, float, str, bool)) for value in values):
+        raise SystemExit("--grid: each value is a number, a string or a boolean")
     known = {field.name for field in dataclasses.fields(METHODS[method].config_class)}
     unknown = sorted(set(sweep.fields()) - known)
     if unknown:
         raise SystemExit(f"--grid names {unknown}, no field of {method}'s config: sweep fields of the preset's method")
-    if len(sweep.points()) < 2:
+    if len(points) < 2:
         raise SystemExit("--grid has one point: a sweep compares two settings or more")
-    held = {key: value for key, value in preset.items() if key not in ("method", "num_iterations", *sweep.fields())}
+    if len({tuple(sorted(point.items())) for point in points}) < len(points):
+        raise SystemExit("--grid has a point twice")
+    held = {key: value for key, value in preset.items() if key not in (*NOT_SWEPT, *sweep.fields())}
     return method, Sweep(grid, fixed=held)
 
 

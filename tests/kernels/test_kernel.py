@@ -648,7 +648,7 @@ def test_backward_with_a_kept_set_recomputes_the_forward_chunks(clamp_fraction, 
     assert logit_shapes[len(forward) :] == forward == [(7, V)] * 3 + [(2, V)]
 
 
-def test_fp32_output_matmul_path_in_token_blocks(monkeypatch):
+def test_fp32_output_matmul_path_in_token_blocks(logit_shapes, monkeypatch):
     """The CUDA bf16 path (emulated) with the backward in token blocks: bf16 gradients within their rounding."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
     monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 256)
@@ -658,3 +658,5 @@ def test_fp32_output_matmul_path_in_token_blocks(monkeypatch):
     assert calls
     assert_values(out, ref, rtol=1e-5)
     assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=2e-2)
+    backward = logit_shapes[math.ceil(50 / 7) :]
+    assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward

@@ -35,8 +35,16 @@ def test_backward_in_token_blocks_on_device(dtype, backend, monkeypatch):
     of another shape than the forward's chunks of 24 tokens."""
     monkeypatch.setattr(logprob_entropy, "BACKWARD_TOKEN_BLOCK", 32)
     monkeypatch.setattr(logprob_entropy, "BACKWARD_MIN_WIDTH", 1024)
-    assert logprob_entropy._backward_blocks(N, V, 24, V, kept_set=False) == (32, 2048)
+    shapes = []
+    chunk_logits = logprob_entropy._chunk_logits
+
+    def recorded(h, w, *args):
+        shapes.append((h.shape[0], w.shape[0]))
+        return chunk_logits(h, w, *args)
+
+    monkeypatch.setattr(logprob_entropy, "_chunk_logits", recorded)
     check_against_float64(dtype, backend, 0.0)
+    assert shapes[3:] == [(32, 2048), (32, 952)] * 2, shapes  # after the forward's 3 chunks of 24, 24 and 16
 
 
 def check_against_float64(dtype, backend, clamp_fraction):

@@ -128,13 +128,22 @@ def interpreter_checks() -> None:
 
     # no kept set: the backward's own blocks, 3 tokens by 200 vocabulary entries (rows 3 + 3 + 2, tiles 200 + 100)
     blocks = kernels.logprob_entropy
-    defaults = blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH
+    defaults = blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH, blocks._chunk_logits
     blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH = 3, 128
+    shapes = []
+
+    def recorded(h, w, *args):
+        shapes.append((h.shape[0], w.shape[0]))
+        return defaults[2](h, w, *args)
+
+    blocks._chunk_logits = recorded
     try:
-        assert blocks._backward_blocks(8, 300, 2, 300, kept_set=False) == (3, 200)
+        _check(kernels, hidden, weight, None, targets, clamp_fraction=0.0, chunk_size=2)
+        # the forward's 4 chunks of 2, then the backward's blocks
+        assert shapes[4:] == [(3, 200), (3, 100), (3, 200), (3, 100), (2, 200), (2, 100)], shapes
         _check(kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.0, chunk_size=2)
     finally:
-        blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH = defaults
+        blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH, blocks._chunk_logits = defaults
     done("clamp 0, the backward in token blocks and vocabulary tiles of its own")
 
     # TRL's logit map (soft-cap 2 bends these logits, std ~2.8; both factors enter every gradient), clamp on and off

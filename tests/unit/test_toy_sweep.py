@@ -219,6 +219,9 @@ def test_a_preset_sweeps_its_grid_with_its_other_values_held(tmp_path):
         ("method: entreg\n", '{"entropy_coef": [0.1]}', "one point"),
         ("method: entreg\n", "{entropy_coef: [0.1, 0.3]}", "--grid is not JSON"),
         ("method: entreg\n", '{"entropy_coef": 0.1}', r'--grid: give \{"field": \[values\]\}'),
+        ("method: entreg\n", '[{"entropy_coef": 0.1}, {"entropy_coef_final": 0.0}]', "every point of a list grid"),
+        ("method: entreg\n", '{"entropy_coef": [0.1, 0.1]}', "a point twice"),
+        ("method: entreg\n", '{"entropy_coef": [[0.1], [0.3]]}', "a number, a string or a boolean"),
         ("entropy_coef: 0.1\n", '{"entropy_coef": [0.1, 0.3]}', "no `method:`"),
         ("method: nosuch\n", '{"entropy_coef": [0.1, 0.3]}', "no `method:`"),
     ],
@@ -271,3 +274,27 @@ def test_every_point_of_a_documented_preset_sweep_is_a_config_of_its_method(pres
         toy_config(
             entry.config_class, **{**entry.defaults, "num_iterations": 2, "max_steps": 400, **sweep.fixed, **point}
         )
+
+
+def test_run_names_tell_the_fields_apart_and_carry_strings():
+    """A field is labelled by its shortest ending that no other field of the grid ends with; string values (a
+    schedule's shape) go into the name as they are."""
+    labels = toy_sweep.field_labels(
+        ["entrocraft_lower_start", "entrocraft_lower_end", "entrocraft_upper_start", "entrocraft_upper_end"]
+    )
+    assert labels == {
+        "entrocraft_lower_start": "lower_start",
+        "entrocraft_lower_end": "lower_end",
+        "entrocraft_upper_start": "upper_start",
+        "entrocraft_upper_end": "upper_end",
+    }
+    assert toy_sweep.field_labels(["clip_cov_ratio", "clip_cov_lb"]) == {
+        "clip_cov_ratio": "ratio",
+        "clip_cov_lb": "lb",
+    }
+    assert toy_sweep.field_labels(["coef", "entropy_coef"]) == {"coef": "coef", "entropy_coef": "entropy_coef"}
+    grid = [{"entropy_coef_schedule": shape, "entropy_coef": 0.1} for shape in ("linear", "cosine")]
+    assert [name for name, _ in toy_sweep.named_points("entreg", grid)] == [
+        "entreg_schedulelinear_coef0p1",
+        "entreg_schedulecosine_coef0p1",
+    ]

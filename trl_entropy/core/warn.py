@@ -23,8 +23,8 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     warning shows the user's line and filters by module (``-W``, ``filterwarnings``) match the user's code.
 
     A fixed ``stacklevel`` cannot: the depth differs between a method's own config, ``EntropyGRPOConfig`` (which
-    composes configs), the trainer and TRL's argument parser. Where every frame is library code (a program of this
-    package run as a script), the warning goes to the outermost frame.
+    composes configs), the trainer and TRL's argument parser. A program of this package run with ``python -m`` has no
+    user frame: its warnings show the interpreter's frame that started it (``<frozen runpy>``).
     """
     frame, stacklevel = sys._getframe(), 1
     while frame.f_back is not None and (

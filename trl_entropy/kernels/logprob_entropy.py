@@ -10,7 +10,8 @@ TRL's fused head does it), and ``z = y / T``:
   ``top_p``, over SIREN's top-p set of the row (``_top_p.py``)
 
 Rows (tokens) are processed ``chunk_size`` at a time; only one chunk of logits exists at any moment, forward or
-backward. The forward keeps a few floats per token; the backward recomputes each chunk's logits.
+backward. The forward keeps a few floats per token; the backward recomputes the logits, in the forward's chunks where
+a kept set enters the gradient and in taller blocks of the same size otherwise (``_backward_blocks``).
 """
 
 from __future__ import annotations
@@ -281,30 +282,30 @@ def _backward_blocks(n_tokens: int, vocab: int, chunk_size: int, tile: int, kept
     if kept_set or rows <= chunk_size:
         return chunk_size, tile
     width = min(tile, vocab, budget // rows)
-    return rows, width - width % 256 if width >= 256 else width
+    return rows, width - width % 256 if width >= 256 else width  # whole 256-column tiles for the GEMMs but the last
 
 
 def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all, grad_h, grad_w, grad_b):
     """The backward's block loop: recompute each block's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
     device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
     logit_map = ctx.logit_map
-    chunk_size, tile = _backward_blocks(n_tokens, vocab, ctx.chunk_size, ctx.tile, "thr" in coef_all)
+    block_rows, block_width = _backward_blocks(n_tokens, vocab, ctx.chunk_size, ctx.tile, "thr" in coef_all)
     fast, full_precision = ctx.fast, ctx.full_precision
     bias32 = bias.float() if bias is not None else None
-    rows_max = min(chunk_size, n_tokens)
-    numel = rows_max * min(tile, vocab)
+    rows_max = min(block_rows, n_tokens)
+    numel = rows_max * min(block_width, vocab)
     zbuf = torch.empty(numel, device=device, dtype=torch.float32)
     work = torch.empty(3 * numel, device=device, dtype=torch.float32) if ctx.backend == "torch" else None
     dtanh_buf = torch.empty(numel, device=device, dtype=torch.float32) if logit_map.softcap is not None else None
     half_buf = torch.empty(numel, device=device, dtype=weight.dtype) if fast else None
-    for r0 in range(0, n_tokens, chunk_size):
-        r1 = min(r0 + chunk_size, n_tokens)
+    for r0 in range(0, n_tokens, block_rows):
+        r1 = min(r0 + block_rows, n_tokens)
         n = r1 - r0
         h = hidden[r0:r1] if (full_precision or fast) else hidden[r0:r1].float()
         coef = {name: t[r0:r1] for name, t in coef_all.items()}
         tgt = targets[r0:r1]
-        for v0 in range(0, vocab, tile):
-            v1 = min(v0 + tile, vocab)
+        for v0 in range(0, vocab, block_width):
+            v1 = min(v0 + block_width, vocab)
             width = v1 - v0
             w = weight[v0:v1] if (full_precision or fast) else weight[v0:v1].float()
             b = bias32[v0:v1] if bias32 is not None else None
