@@ -397,20 +397,6 @@ def test_forward_saves_only_inputs_and_per_token_floats():
     sum(o.sum() for o in out).backward()
 
 
-@pytest.fixture
-def logit_shapes(monkeypatch):
-    """(rows, vocabulary entries) of every block of logits the kernel computes, in order."""
-    shapes = []
-    original = lpe._chunk_logits
-
-    def spy(h, w, *args):
-        shapes.append((h.shape[0], w.shape[0]))
-        return original(h, w, *args)
-
-    monkeypatch.setattr(lpe, "_chunk_logits", spy)
-    return shapes
-
-
 def test_at_most_one_chunk_of_logits_at_a_time(logit_shapes):
     shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs()

@@ -30,21 +30,14 @@ def test_matches_float64_on_device(dtype, backend, clamp_fraction):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_backward_in_token_blocks_on_device(dtype, backend, monkeypatch):
+def test_backward_in_token_blocks_on_device(dtype, backend, logit_shapes, monkeypatch):
     """Clamp 0: the backward in its own blocks of 32 tokens (2 blocks) by vocabulary tiles of 2048 + 952, each a GEMM
     of another shape than the forward's chunks of 24 tokens."""
     monkeypatch.setattr(logprob_entropy, "BACKWARD_TOKEN_BLOCK", 32)
     monkeypatch.setattr(logprob_entropy, "BACKWARD_MIN_WIDTH", 1024)
-    shapes = []
-    chunk_logits = logprob_entropy._chunk_logits
-
-    def recorded(h, w, *args):
-        shapes.append((h.shape[0], w.shape[0]))
-        return chunk_logits(h, w, *args)
-
-    monkeypatch.setattr(logprob_entropy, "_chunk_logits", recorded)
     check_against_float64(dtype, backend, 0.0)
-    assert shapes[3:] == [(32, 2048), (32, 952)] * 2, shapes  # after the forward's 3 chunks of 24, 24 and 16
+    # after the forward's 3 chunks of 24, 24 and 16
+    assert logit_shapes[3:] == [(32, 2048), (32, 952)] * 2, logit_shapes
 
 
 def check_against_float64(dtype, backend, clamp_fraction):
