@@ -46,6 +46,7 @@ SEPARATOR = "+"  # joins the methods of a combination, as --method does
 # A config's keys that a sweep's points never carry: the method is the YAML's first line, and the demo's recipe sets
 # num_iterations (2) for every run.
 NOT_SWEPT = ("method", "num_iterations")
+GRID_FORMS = '{"field": [values]} (every combination) or [{"field": value}, ...] (these points)'
 
 
 def grid_settings(method: str) -> list[dict]:
@@ -127,13 +128,11 @@ def preset_sweep(path: str, grid_json: str) -> tuple[str, Sweep]:
     try:
         grid = json.loads(grid_json)
     except json.JSONDecodeError as error:
-        raise SystemExit(
-            f'--grid is not JSON ({error}): give {{"field": [values]}} or [{{"field": value}}, ...]'
-        ) from None
+        raise SystemExit(f"--grid is not JSON ({error}): give {GRID_FORMS}") from None
     if not (isinstance(grid, dict) and all(isinstance(v, list) for v in grid.values())) and not (
         isinstance(grid, list) and all(isinstance(point, dict) for point in grid)
     ):
-        raise SystemExit('--grid: give {"field": [values]} (every combination) or [{"field": value}, ...] (points)')
+        raise SystemExit(f"--grid: give {GRID_FORMS}")
     sweep = Sweep(grid)
     points = sweep.points()
     if any(set(point) != set(points[0]) for point in points):
@@ -191,7 +190,7 @@ def main(argv=None) -> int:
     swept = parser.add_mutually_exclusive_group(required=True)
     swept.add_argument("--method", type=sweepable, help=f"one of {sorted(SWEEPS)}, or NAME+NAME")
     swept.add_argument("--config", help="a config preset (YAML with its `method:`) to sweep with --grid")
-    parser.add_argument("--grid", help="with --config: the JSON grid, {field: [values]} or [{field: value}, ...]")
+    parser.add_argument("--grid", help=f"with --config: the JSON grid, {GRID_FORMS}")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_steps", type=int, default=400)
