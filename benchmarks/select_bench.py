@@ -1,6 +1,6 @@
 """The clamp's threshold on the CPU: the PyTorch path's counting search (``trl_entropy.kernels._select``) against a
-radix select written with PyTorch ops (the Triton kernel's design: a histogram of the keys' top 11 bits per row, the
-k-th smallest entry's bucket compacted, then its low 21 bits), side by side in one process.
+radix select written with PyTorch ops (AIR top-k's and RAFT select_k's design: a histogram of the keys' top 11 bits
+per row, the k-th smallest entry's bucket compacted, then its low 21 bits), side by side in one process.
 
 Both run by row blocks of ``--block-kib`` KiB of logits (the counting search's own default block is 512 KiB). Each
 round times every method once, in an order that alternates between rounds; the table gives the median and the minimum

@@ -3,8 +3,8 @@
 * ``kth_smallest_threshold``: the PyTorch path's search as it was before the fixed-pass loop (its host reads every
   pass), a second reference for the tests of ``trl_entropy.kernels._select``: a threshold ``t`` with
   ``count(z <= t) == k``, or with ties the k-th smallest value itself.
-* ``sort_keys``, ``threshold_keys`` and ``first_bucket_sizes``: the Triton path's threshold in its key order, from
-  ``torch.kthvalue``, for the tests of its radix select.
+* ``sort_keys``, ``threshold_keys`` and ``sampled_window``: the Triton path's threshold in its key order, from
+  ``torch.kthvalue``, and the window its selection starts from, for the tests of its selection.
 """
 
 from __future__ import annotations
@@ -132,8 +132,20 @@ def threshold_keys(z: torch.Tensor, k: int) -> torch.Tensor:
     return torch.minimum(kth, sort_keys(z.amax(1)) - 1)
 
 
-def first_bucket_sizes(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Per row, the entries whose first radix digit (the key's top 11 bits) is the k-th smallest entry's: the
-    candidates the kernel writes to its scratch row."""
-    kth = sort_keys(torch.kthvalue(z, k, dim=1).values)
-    return ((sort_keys(z) >> 21) == (kth >> 21).unsqueeze(1)).sum(1)
+def sampled_window(z: torch.Tensor, k: int, sample: int, span: int) -> list[torch.Tensor | None]:
+    """Per row, the entries of the Triton kernel's window in row order, or None where the k-th smallest is not in it:
+    the ``sample`` entries at columns ``(i * V) // sample``, sorted; ``lo`` and ``hi`` the sorted sample's entries
+    ``span`` ranks below and above rank ``((2k - 1) * sample) // (2V)`` (no bound past either end); the window is
+    every entry with ``lo < key <= hi``."""
+    vocab = z.shape[1]
+    keys = sort_keys(z)
+    sampled = keys[:, (torch.arange(sample) * vocab) // sample].sort(1).values
+    centre = ((2 * k - 1) * sample) // (2 * vocab)
+    windows = []
+    for i, (row, sample_row) in enumerate(zip(keys, sampled)):
+        above_lo = row > sample_row[centre - span] if centre - span >= 0 else torch.ones_like(row, dtype=torch.bool)
+        to_hi = row <= sample_row[centre + span] if centre + span < sample else torch.ones_like(row, dtype=torch.bool)
+        below = int((~above_lo).sum())
+        inside = above_lo & to_hi
+        windows.append(z[i][inside] if below < k <= below + int(inside.sum()) else None)
+    return windows

@@ -10,12 +10,12 @@ import trl_entropy.kernels.logprob_entropy as lpe
 FILES = {
     "test_kernel.py": "pure",
     "test_kernel_triton.py": "pure",
-    "test_kernel_radix_select.py": "pure",
+    "test_kernel_triton_select.py": "pure",
     "test_kernel_top_p.py": "pure",
 }
 LAUNCHES = {
     "test_kernel_triton.py": {"test_triton_interpreter_matches_float64"},
-    "test_kernel_radix_select.py": {"test_radix_select_under_the_interpreter"},
+    "test_kernel_triton_select.py": {"test_selection_under_the_interpreter"},
     "test_kernel_top_p.py": {"test_top_p_under_the_interpreter"},
 }
 TESTS = {"test_kernel_top_p.py": {"test_head_scores_top_p_entropy_and_set_size": "loss_step"}}

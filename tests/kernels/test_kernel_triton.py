@@ -10,7 +10,7 @@
 * ``test_triton_kernels_compile_for_cuda`` compiles both kernels ahead of time for sm_80 and sm_90 (no GPU needed), so
   a kernel that only the interpreter accepts fails here.
 
-The clamp's threshold (the radix select) has its own interpreter tests: ``test_kernel_radix_select.py``.
+The clamp's threshold (the sampled-window selection) has its own interpreter tests: ``test_kernel_triton_select.py``.
 """
 
 import functools
@@ -163,7 +163,7 @@ def interpreter_checks() -> None:
             )
         done(f"soft-cap {softcap}, logit scale {scale}, clamp 0 and 0.3")
 
-    # several selection blocks per row, and scratch rows that some first buckets overflow (the fallback pass)
+    # selection blocks of 64 columns, and windows of 16 entries (a row whose window is larger selects over the whole row)
     ops.SELECTION_OVERRIDE = (64, 16)
     try:
         _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.3, temperature=1.3, chunk_size=8)
@@ -278,7 +278,15 @@ def test_triton_interpreter_matches_float64():
 # ---------------------------------------------------------------------------------------------------------------------
 # CUDA compilation (no GPU needed)
 # ---------------------------------------------------------------------------------------------------------------------
-_INT_ARGS = {"stride_z": "i64", "n_cols": "i32", "k": "i32", "vocab_start": "i32", "scratch_per_row": "i32"}
+_INT_ARGS = {
+    "stride_z": "i64",
+    "n_cols": "i32",
+    "k": "i32",
+    "span": "i32",
+    "vocab_start": "i32",
+    "scratch_per_row": "i32",
+    "window_cap": "i32",
+}
 
 
 def _signature(kernel, constexprs):
@@ -310,7 +318,7 @@ def test_triton_kernels_compile_for_cuda():
     variants = []  # (arch, kernel, constexprs): every branch on sm_90, the full variants on sm_80 too
     for arch in (90, 80):
         for clamp in (True, False) if arch == 90 else (True,):
-            consts = {"HAS_CLAMP": clamp, "BLOCK": 1024, **ops._selection_config(1024)}
+            consts = {"HAS_CLAMP": clamp, "BLOCK": 1024, **ops._selection_config(151936)}
             variants.append((arch, ops._forward_stats_kernel, consts))
         flags = [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]
         for has_lp, has_h, has_clamp in flags if arch == 90 else flags[:1]:

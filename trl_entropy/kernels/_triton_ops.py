@@ -6,17 +6,18 @@ CPU tensors, set ``TRITON_INTERPRET=1`` before the first Triton call in the proc
 
 Kernels
 -------
-``_forward_stats_kernel``, one program per token (row of the chunk's logits, which cuBLAS wrote in fp32):
+``_forward_stats_kernel``, one program per token (row of the chunk's logits, which cuBLAS wrote in fp32). fp32 values
+are compared as int32 sort keys whose integer order is the float order (negative floats get their 31 low bits flipped).
 
-1. one streaming pass for the row max and the target logit; with a clamp, the same pass builds the histogram of the
-   first radix digit of every entry's sort key (fp32 values mapped to int32 keys whose integer order is the float
-   order: negative floats get their 31 low bits flipped);
-2. with a clamp, the k-th smallest key by an exact **radix select** over digits of 11, 11 and 10 bits (the first one
-   holds the sign, the exponent and two mantissa bits): the bucket holding the k-th smallest entry fixes the digit
-   and the rank inside it. A second pass over the row histograms the second digit of the entries in that bucket and
-   writes them, in row order, to the row's part of a scratch buffer (``scratch_per_row`` entries); the third digit's
-   histogram then reads only those. A bucket larger than the scratch row is not written, and the third pass reads
-   the whole row again (same result, one more pass);
+0. with a clamp, a strided sample of ``SAMPLE`` entries, ranked by pairwise comparison and written sorted to the row's
+   scratch: the window ``(lo, hi]`` is ``window_span`` sample ranks on each side of the k-th smallest's expected place;
+1. one streaming pass for the row max and the target logit; with a clamp, the same pass counts the entries ``<= lo``
+   and writes the window's entries, in row order, to the scratch row (while they fit);
+2. with a clamp, the k-th smallest key, exactly: a bracket ``(a, b]`` holding it narrows round by round, each round
+   counting the entries ``<=`` each of ``PROBES`` keys inside it, until ``b = a + 1``. It starts as the window, read from
+   the scratch row, with probes at evenly spaced sample ranks; later rounds probe evenly spaced keys, and once the
+   bracket holds at most ``BRACKET`` entries they are copied to the scratch row's end and only those are read. A row
+   whose window missed the k-th smallest or overflowed starts from every key up to the max and reads the whole row;
 3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
    same over kept entries (``key(z) > key(thr)``).
 
@@ -26,6 +27,8 @@ overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -33,10 +36,17 @@ from triton import knobs
 
 
 INTERPRET = bool(knobs.runtime.interpret)
-# Scratch entries per row for the first bucket's candidates: V / SCRATCH_FRACTION. A first-digit bucket spans 1/8 to
-# 1/4 of its values' magnitude: a centred Gaussian row's fullest bucket holds ~5.5 % of it, the k = 0.3 V bucket of
-# N(-5, 2.5) rows ~13 %; rows far from zero against their spread overflow and pay the fallback's extra pass.
-SCRATCH_FRACTION = 4
+# The selection's sizes. A strided sample of SAMPLE entries places the window SPAN_SIGMAS standard deviations of a
+# sample quantile's rank on each side of the k-th smallest's expected place: ~17 % of the row at k = 0.3 V, which the
+# scratch row holds up to V / WINDOW_FRACTION entries of. PROBES sampled keys split the window into brackets of ~0.5 %
+# of the row (~790 entries at V = 151,936); a bracket of up to BRACKET entries is copied to the scratch row's end.
+SAMPLE = 512
+RANK_BLOCK = 8  # sampled entries compared per step of the sample's ranks
+SPAN_SIGMAS = 4
+WINDOW_FRACTION = 4
+PROBES = 32
+PROBE_BLOCK = 64  # entries per step of a probe count: a (PROBE_BLOCK, PROBES) int32 count per program
+BRACKET = 4096
 
 # Sort keys: an fp32 value's bits as int32, with the 31 low bits flipped for negative values, order like the floats
 # (non-NaN). Written inline in the kernels: the interpreter re-patches triton.language on every nested jit call,
@@ -50,8 +60,10 @@ def _forward_stats_kernel(
     tgt_ptr,
     n_cols,
     k,
+    span,
     scratch_ptr,
     scratch_per_row,
+    window_cap,
     m_ptr,
     yt_ptr,
     s_ptr,
@@ -63,14 +75,52 @@ def _forward_stats_kernel(
     HAS_CLAMP: tl.constexpr,
     BLOCK: tl.constexpr,
     SEL_BLOCK: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    RANK_BLOCK: tl.constexpr,
+    PROBES: tl.constexpr,
+    PROBE_BLOCK: tl.constexpr,
+    BRACKET: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * stride_z
     tgt = tl.load(tgt_ptr + row).to(tl.int64)
+    window_row = scratch_ptr + row * scratch_per_row
+    bracket_row = window_row + window_cap
+    sample_row = bracket_row + BRACKET
 
-    # pass 1: max; with a clamp, the histogram of the keys' top 11 bits (key >> 21, shifted to [0, 2048))
+    # step 0 (clamp): a strided sample of the row, sorted into the scratch row by each entry's rank in it (ties by
+    # position); the window (lo, hi] lies `span` sample ranks on each side of the k-th smallest's expected place
+    lo = tl.full([], -2147483648, tl.int32)  # below every non-NaN key
+    hi = tl.full([], 2147483647, tl.int32)  # above every non-NaN key
+    r_lo = tl.full([], 0, tl.int64)
+    r_hi = tl.full([], 0, tl.int64)
+    if HAS_CLAMP:
+        s_pos = tl.arange(0, SAMPLE)
+        s = tl.load(base + (s_pos.to(tl.int64) * n_cols) // SAMPLE)
+        sb = s.to(tl.int32, bitcast=True)
+        s_key = tl.where(sb < 0, sb ^ 0x7FFFFFFF, sb)
+        s_rank = tl.zeros([SAMPLE], tl.int32)
+        for j0 in range(0, SAMPLE, RANK_BLOCK):
+            j = j0 + tl.arange(0, RANK_BLOCK)
+            bj = tl.load(base + (j.to(tl.int64) * n_cols) // SAMPLE).to(tl.int32, bitcast=True)
+            kj = tl.where(bj < 0, bj ^ 0x7FFFFFFF, bj)
+            ahead = (kj[None, :] < s_key[:, None]) | ((kj[None, :] == s_key[:, None]) & (j[None, :] < s_pos[:, None]))
+            s_rank += tl.sum(ahead.to(tl.int32), axis=1)
+        tl.store(sample_row + s_rank, s)
+        tl.debug_barrier()  # the scratch row's entries, stored by some of the program's threads, are read by others
+        centre = ((2 * k.to(tl.int64) - 1) * SAMPLE) // (2 * n_cols)  # the (k - 1/2) / V quantile's sample rank
+        r_lo = centre - span
+        r_hi = centre + span
+        b_lo = tl.load(sample_row + tl.maximum(r_lo, 0)).to(tl.int32, bitcast=True)
+        b_hi = tl.load(sample_row + tl.minimum(r_hi, SAMPLE - 1)).to(tl.int32, bitcast=True)
+        lo = tl.where(r_lo >= 0, tl.where(b_lo < 0, b_lo ^ 0x7FFFFFFF, b_lo), lo)
+        hi = tl.where(r_hi < SAMPLE, tl.where(b_hi < 0, b_hi ^ 0x7FFFFFFF, b_hi), hi)
+
+    # pass 1: max and target; with a clamp, count(key <= lo) and the window's entries, in row order, into the scratch
+    # row while they fit
     vmax = tl.full([BLOCK], -float("inf"), tl.float32)
-    hist_hi = tl.zeros([2048], tl.int32)
+    n_below = tl.zeros([BLOCK], tl.int32)
+    n_window = tl.full([], 0, tl.int32)
     for start in range(0, n_cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         msk = offs < n_cols
@@ -79,65 +129,81 @@ def _forward_stats_kernel(
         if HAS_CLAMP:
             bz = z.to(tl.int32, bitcast=True)
             kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
-            hist_hi += tl.histogram((kz >> 21) + 1024, 2048, mask=msk)
+            n_below += (msk & (kz <= lo)).to(tl.int32)
+            inside = msk & (kz > lo) & (kz <= hi)
+            inside32 = inside.to(tl.int32)
+            slot = n_window + tl.cumsum(inside32, axis=0) - 1
+            tl.store(window_row + slot, z, mask=inside & (slot < window_cap))
+            n_window += tl.sum(inside32, axis=0)
     m = tl.max(vmax, axis=0)
     z_t = tl.load(base + tgt)
     y_t = m - z_t
     tl.store(m_ptr + row, m)
     tl.store(yt_ptr + row, y_t)
 
-    # pass 2 (clamp): radix select of the k-th smallest key, 11 + 11 + 10 bits. Each digit is the first bucket whose
-    # cumulative count reaches the rank; the rank then counts inside that bucket.
     thr_key = tl.full([], 0, tl.int64)
     if HAS_CLAMP:
-        cum = tl.cumsum(hist_hi, axis=0)
-        before = tl.max(tl.where(cum < k, cum, 0), axis=0)
-        prefix_hi = tl.sum((cum < k).to(tl.int32), axis=0) - 1024  # = key >> 21 of the k-th smallest
-        n_cand = tl.min(tl.where(cum < k, n_cols, cum), axis=0) - before
-        rank = k - before
-        # the bucket's entries, in row order, into the scratch row when they fit (else it stays unused)
-        fits = n_cand <= scratch_per_row
-        n_slots = tl.where(fits, scratch_per_row, 0)
-        scratch_row = scratch_ptr + row * scratch_per_row
-        hist_mid = tl.zeros([2048], tl.int32)
-        n_written = tl.full([], 0, tl.int32)
-        for start in range(0, n_cols, SEL_BLOCK):
-            offs = start + tl.arange(0, SEL_BLOCK)
-            msk = offs < n_cols
-            z = tl.load(base + offs, mask=msk, other=0.0)
-            bz = z.to(tl.int32, bitcast=True)
-            kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
-            cand = msk & ((kz >> 21) == prefix_hi)
-            hist_mid += tl.histogram((kz >> 10) & 2047, 2048, mask=cand)
-            cand32 = cand.to(tl.int32)
-            slot = n_written + tl.cumsum(cand32, axis=0) - 1
-            tl.store(scratch_row + slot, z, mask=cand & (slot < n_slots))
-            n_written += tl.sum(cand32, axis=0)
-        tl.debug_barrier()  # the scratch row's entries, stored by some of the program's threads, are read by others
-        cum = tl.cumsum(hist_mid, axis=0)
-        before = tl.max(tl.where(cum < rank, cum, 0), axis=0)
-        prefix_mid = prefix_hi * 2048 + tl.sum((cum < rank).to(tl.int32), axis=0)  # = key >> 10
-        rank -= before
-        # the last digit over the scratch row, or over the whole row when the bucket did not fit
-        if fits:
-            src = scratch_row
-            n_src = n_cand
-        else:
-            src = base
-            n_src = n_cols
-        hist_lo = tl.zeros([1024], tl.int32)
-        for start in range(0, n_src, SEL_BLOCK):
-            offs = start + tl.arange(0, SEL_BLOCK)
-            msk = offs < n_src
-            bz = tl.load(src + offs, mask=msk, other=0.0).to(tl.int32, bitcast=True)
-            kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)
-            hist_lo += tl.histogram(kz & 1023, 1024, mask=msk & ((kz >> 10) == prefix_mid))
-        cum = tl.cumsum(hist_lo, axis=0)
-        kth_key = prefix_mid.to(tl.int64) * 1024 + tl.sum((cum < rank).to(tl.int64), axis=0)
         b_max = m.to(tl.int32, bitcast=True)
         key_max = tl.where(b_max < 0, b_max ^ 0x7FFFFFFF, b_max).to(tl.int64)
+        below_lo = tl.sum(n_below, axis=0)
+        in_window = (below_lo < k) & (k <= below_lo + n_window) & (n_window <= window_cap)
+        # step 2: narrow a bracket (a, b] with count(key <= a) = le_a < k <= le_b = count(key <= b) until b = a + 1:
+        # each round counts, over a source holding every entry of the bracket, the entries <= each of PROBES keys
+        # inside it. The window's first round probes at evenly spaced sample ranks (they follow the row's
+        # distribution), the other rounds at evenly spaced keys. Once the bracket fits the sort area its entries are
+        # copied there, and the rounds read only those. A row whose window missed the k-th smallest, or overflowed,
+        # narrows from (below every key, max] over the whole row, its first probes spread over the whole sample.
+        j = tl.arange(0, PROBES)
+        at = tl.where(in_window, r_lo + ((r_hi - r_lo) * (j + 1)) // (PROBES + 1), (SAMPLE * (j + 1)) // (PROBES + 1))
+        bp = tl.load(sample_row + tl.minimum(tl.maximum(at, 0), SAMPLE - 1)).to(tl.int32, bitcast=True)
+        pts = tl.where(bp < 0, bp ^ 0x7FFFFFFF, bp).to(tl.int64)
+        pts = tl.where((at >= 0) & (at < SAMPLE), pts, tl.where(at < 0, lo, hi).to(tl.int64))
+        a = tl.where(in_window, lo, -2147483648).to(tl.int64)
+        b = tl.where(in_window, hi.to(tl.int64), key_max)
+        le_a = tl.where(in_window, below_lo, 0)
+        le_b = tl.where(in_window, below_lo + n_window, n_cols)
+        if in_window:
+            src = window_row
+        else:
+            src = base
+        n_src = le_b - le_a
+        in_bracket_area = tl.full([], 0, tl.int32)
+        tl.debug_barrier()  # the scratch row's entries, stored by some of the program's threads, are read by others
+        while b - a > 1:
+            # keys are int32; the bracket's ends and probes are int64 for the arithmetic only
+            a32 = a.to(tl.int32)
+            pts32 = pts.to(tl.int32)
+            n_le = tl.zeros([PROBE_BLOCK, PROBES], tl.int32)
+            for start in range(0, n_src, PROBE_BLOCK):
+                offs = start + tl.arange(0, PROBE_BLOCK)
+                bw = tl.load(src + offs, mask=offs < n_src, other=0.0).to(tl.int32, bitcast=True)
+                kw = tl.where(bw < 0, bw ^ 0x7FFFFFFF, bw)
+                inside = (offs < n_src) & (kw > a32)
+                n_le += ((kw[:, None] <= pts32[None, :]) & inside[:, None]).to(tl.int32)
+            le = le_a + tl.sum(n_le, axis=0)
+            a = tl.maximum(a, tl.max(tl.where(le < k, pts, a), axis=0))
+            le_a = tl.maximum(le_a, tl.max(tl.where(le < k, le, le_a), axis=0))
+            b = tl.minimum(b, tl.min(tl.where(le >= k, pts, b), axis=0))
+            le_b = tl.minimum(le_b, tl.min(tl.where(le >= k, le, le_b), axis=0))
+            if (in_bracket_area == 0) & (le_b - le_a <= BRACKET) & (b - a > 1):
+                n_copied = tl.full([], 0, tl.int32)
+                for start in range(0, n_src, SEL_BLOCK):
+                    offs = start + tl.arange(0, SEL_BLOCK)
+                    w = tl.load(src + offs, mask=offs < n_src, other=0.0)
+                    bw = w.to(tl.int32, bitcast=True)
+                    kw = tl.where(bw < 0, bw ^ 0x7FFFFFFF, bw)
+                    inb = (offs < n_src) & (kw > a.to(tl.int32)) & (kw <= b.to(tl.int32))
+                    inb32 = inb.to(tl.int32)
+                    slot = n_copied + tl.cumsum(inb32, axis=0) - 1
+                    tl.store(bracket_row + slot, w, mask=inb)
+                    n_copied += tl.sum(inb32, axis=0)
+                tl.debug_barrier()
+                src = bracket_row
+                n_src = le_b - le_a
+                in_bracket_area = 1
+            pts = a + ((b - a) * (j + 1)) // (PROBES + 1)
         # keep at least the max, even when the whole row ties
-        thr_key = tl.minimum(kth_key, key_max - 1)
+        thr_key = tl.minimum(b, key_max - 1)
         thr_bits = tl.where(thr_key < 0, thr_key ^ 0x7FFFFFFF, thr_key).to(tl.int32)
         tl.store(thr_ptr + row, thr_bits.to(tl.float32, bitcast=True))
         b_t = z_t.to(tl.int32, bitcast=True)
@@ -231,19 +297,41 @@ def _block(n_cols: int) -> int:
     return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
 
 
-# (SEL_BLOCK, scratch entries per row) forced by tests; None: the defaults below.
-SELECTION_OVERRIDE: tuple[int, int] | None = None
+# (SEL_BLOCK, window entries per row[, BRACKET]) forced by tests; None: the defaults above.
+SELECTION_OVERRIDE: tuple[int, ...] | None = None
 
 
-def _selection_config(block: int) -> dict[str, int]:
-    return {"SEL_BLOCK": block if SELECTION_OVERRIDE is None else SELECTION_OVERRIDE[0]}
+def _selection(vocab: int) -> tuple[int, int, int]:
+    """(SEL_BLOCK, window entries per row, BRACKET) for rows of ``vocab`` entries."""
+    if SELECTION_OVERRIDE is None:
+        return _block(vocab), -(-vocab // WINDOW_FRACTION), BRACKET
+    sel_block, window_cap, *bracket = SELECTION_OVERRIDE
+    return sel_block, window_cap, bracket[0] if bracket else BRACKET
+
+
+def _selection_config(vocab: int) -> dict[str, int]:
+    sel_block, _, bracket = _selection(vocab)
+    return dict(
+        SEL_BLOCK=sel_block,
+        SAMPLE=SAMPLE,
+        RANK_BLOCK=RANK_BLOCK,
+        PROBES=PROBES,
+        PROBE_BLOCK=PROBE_BLOCK,
+        BRACKET=bracket,
+    )
 
 
 def scratch_per_row(vocab: int) -> int:
-    """Entries of the selection's scratch buffer per row (the first bucket's candidates)."""
-    if SELECTION_OVERRIDE is not None:
-        return SELECTION_OVERRIDE[1]
-    return -(-vocab // SCRATCH_FRACTION)
+    """Entries of the selection's scratch buffer per row: the window, the bracket and the sorted sample."""
+    _, window_cap, bracket = _selection(vocab)
+    return window_cap + bracket + SAMPLE
+
+
+def window_span(k: int, vocab: int) -> int:
+    """Sample ranks on each side of the k-th smallest's expected place that the window spans: SPAN_SIGMAS standard
+    deviations of a sample quantile's rank (binomial), and two more."""
+    q = k / vocab
+    return math.ceil(SPAN_SIGMAS * math.sqrt(SAMPLE * q * (1 - q))) + 2
 
 
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
@@ -260,15 +348,16 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
     per_row = scratch_per_row(vocab) if k > 0 else 0
     if k > 0 and (work is None or work.numel() < n * per_row):
         work = torch.empty(n * per_row, **f32)
-    block = _block(vocab)
     _forward_stats_kernel[(n,)](
         z,
         z.stride(0),
         targets,
         vocab,
         k,
+        window_span(k, vocab) if k > 0 else 0,
         work if k > 0 else dummy,
         per_row,
+        _selection(vocab)[1],
         out["m"],
         out["y_t"],
         out["s_rest"],
@@ -278,8 +367,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         out.get("sc_rest", dummy),
         out.get("syc_rest", dummy),
         HAS_CLAMP=k > 0,
-        BLOCK=block,
-        **_selection_config(block),
+        BLOCK=_block(vocab),
+        **_selection_config(vocab),
     )
     return out
 

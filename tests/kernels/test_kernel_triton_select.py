@@ -1,8 +1,10 @@
-"""The Triton path's clamp threshold (the radix select of ``_forward_stats_kernel``) under the Triton interpreter, at
-small sizes: the threshold is ``torch.kthvalue``'s k-th smallest value bit for bit (one float below the row maximum
-when that is the k-th smallest: the max is always kept), and the kept set is the PyTorch path's.
+"""The Triton path's clamp threshold (the sampled-window selection of ``_forward_stats_kernel``) under the Triton
+interpreter, at small sizes: the threshold is ``torch.kthvalue``'s k-th smallest value bit for bit (one float below the
+row maximum when that is the k-th smallest: the max is always kept), and the kept set is the PyTorch path's, on every
+route the selection takes: the window, brackets narrowed over it or copied out of it, and the whole row where the
+window misses the k-th smallest or overflows.
 
-Triton reads ``TRITON_INTERPRET`` when the kernels are decorated, so ``test_radix_select_under_the_interpreter`` runs
+Triton reads ``TRITON_INTERPRET`` when the kernels are decorated, so ``test_selection_under_the_interpreter`` runs
 this file's other tests in a pytest subprocess with it set; under ``TRITON_INTERPRET=1`` they run in this process.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference.select_reference import first_bucket_sizes, sort_keys, threshold_keys
+from _reference.select_reference import sampled_window, sort_keys, threshold_keys
 from _support.interpreter import rerun_under_the_interpreter
 
 from trl_entropy.kernels import _torch_ops
@@ -25,11 +27,11 @@ TRITON_OPS = Path(__file__).resolve().parents[2] / "trl_entropy" / "kernels" / "
 # the row sums of a row with -inf entries hold 0 * inf (this file checks thresholds and kept sets only)
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 interpreted = pytest.mark.skipif(
-    not INTERPRETED, reason="needs TRITON_INTERPRET=1 (test_radix_select_under_the_interpreter sets it)"
+    not INTERPRETED, reason="needs TRITON_INTERPRET=1 (test_selection_under_the_interpreter sets it)"
 )
 
 
-def test_radix_select_under_the_interpreter():
+def test_selection_under_the_interpreter():
     rerun_under_the_interpreter(__file__)
 
 
@@ -135,14 +137,26 @@ def _check(ops, z, k, labels, what=""):
     assert torch.equal(out["kept_t"], kept[torch.arange(n), targets].float()), f"{what} V={z.shape[1]} k={k}: kept_t"
 
 
+def _misleading_sample(vocab, k, g):
+    """Rows whose sampled columns hold the row's largest (first row) or smallest (second) values: the window then
+    misses the k-th smallest, and the selection reads the whole row."""
+    z = torch.randn(2, vocab, generator=g)
+    at = torch.unique((torch.arange(512) * vocab) // 512)
+    z[0, at], z[1, at] = 10 + torch.rand(at.numel(), generator=g), -10 - torch.rand(at.numel(), generator=g)
+    return z
+
+
+ROWS["misleading sample"] = _misleading_sample
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The cases
 # ---------------------------------------------------------------------------------------------------------------------
 @interpreted
 @pytest.mark.parametrize("vocab", [5, 300, 2500])
 def test_threshold_is_kthvalue_and_kept_set_is_the_torch_paths(ops, vocab):
-    """Default configuration: at V = 2500 a selection block of 1024 and a scratch row of V/4 (the "one first digit"
-    rows overflow it and take the fallback pass)."""
+    """Default sizes: a sample of 512 columns (with repeats below V = 512), windows of up to V/4 entries and brackets
+    of up to 4096 copied entries."""
     for k in _ks(vocab):
         z, labels = _batch(vocab, k)
         _check(ops, z, k, labels)
@@ -150,69 +164,74 @@ def test_threshold_is_kthvalue_and_kept_set_is_the_torch_paths(ops, vocab):
 
 @interpreted
 @pytest.mark.parametrize("vocab", [5, 300])
-def test_small_selection_blocks_and_scratch_rows(ops, monkeypatch, vocab):
-    """Selection blocks of 64 columns (the compaction crosses several blocks) and scratch rows of V/8 and of 3 entries
-    (nearly every bucket overflows: the fallback)."""
-    for per_row in (-(-vocab // 8), 3):
-        monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (64, per_row))
-        for k in sorted({1, 2, vocab // 3, vocab - 2, vocab - 1} & set(_ks(vocab))):
-            z, labels = _batch(vocab, k, seed=1)
-            _check(ops, z, k, labels, f"blocks of 64, {per_row} scratch entries per row:")
+def test_whole_row_selection(ops, monkeypatch, vocab):
+    """Windows of one entry: nearly every row overflows its window and narrows over the whole row, in blocks of 64
+    columns."""
+    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (64, 1))
+    for k in sorted({1, 2, vocab // 3, vocab - 2, vocab - 1} & set(_ks(vocab))):
+        z, labels = _batch(vocab, k, seed=1)
+        _check(ops, z, k, labels, "windows of one entry:")
 
 
 @interpreted
-@pytest.mark.parametrize("sel_block", [16, 128])
-def test_scratch_row_just_fits_or_just_overflows(ops, monkeypatch, sel_block):
-    """Scratch rows one entry short of the first bucket, exactly its size and one entry more."""
-    vocab = 400
-    g = torch.Generator().manual_seed(3)
-    z = torch.cat([torch.randn(2, vocab, generator=g), (torch.randn(2, vocab, generator=g) * 3).bfloat16().float()])
-    for k in (1, 130, vocab - 1):
-        for i, size in enumerate(first_bucket_sizes(z, k).tolist()):
-            for per_row in (size - 1, size, size + 1):
-                monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (sel_block, max(per_row, 1)))
-                _check(ops, z[i : i + 1], k, [f"row {i}"], f"{per_row} scratch entries (bucket {size}):")
+@pytest.mark.parametrize("bracket", [1, 3, 40])
+def test_brackets_copied_late_or_never(ops, monkeypatch, bracket):
+    """Copied brackets of 1, 3 and 40 entries at most: the rounds go on over the window until the bracket fits (or
+    ends), with blocks of 16 columns."""
+    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (16, -(-300 // 4), bracket))
+    for k in (1, 100, 298):
+        z, labels = _batch(300, k, seed=2)
+        _check(ops, z, k, labels, f"brackets of {bracket}:")
 
 
 @interpreted
-def test_scratch_rows_hold_each_rows_first_bucket_in_row_order(ops, monkeypatch):
-    """Each row's scratch row gets exactly the entries of its first bucket, in row order, when they fit; a row whose
-    bucket does not fit leaves its scratch row untouched."""
-    vocab, k, per_row = 600, 200, 60
+def test_scratch_rows_hold_each_rows_window_in_row_order_and_its_sorted_sample(ops):
+    """The scratch row starts with the row's window (the entries between the sampled ``lo`` and ``hi``) in row order,
+    where the k-th smallest is in it, and ends with the sorted sample. ``sampled_window`` recomputes the window from
+    the definition, so the kernel's sample, ranks and bounds are checked, not only its result."""
+    vocab, k = 2500, 800
     g = torch.Generator().manual_seed(4)
-    z = torch.cat([torch.randn(4, vocab, generator=g) * 3, 1 + 0.2 * torch.rand(1, vocab, generator=g)])
-    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (64, per_row))
+    z = torch.cat([torch.randn(4, vocab, generator=g) * 3, _misleading_sample(vocab, k, g)])
+    per_row = ops.scratch_per_row(vocab)
     work = torch.full((z.shape[0] * per_row,), math.nan)
     ops.forward_stats(z, torch.zeros(z.shape[0], dtype=torch.long), k, work)
-    kth = sort_keys(torch.kthvalue(z, k, dim=1).values)
-    in_bucket = (sort_keys(z) >> 21) == (kth >> 21).unsqueeze(1)
-    fitting = 0
-    for i, scratch in enumerate(work.view(-1, per_row)):
-        bucket = z[i][in_bucket[i]]
-        if bucket.numel() <= per_row:
-            fitting += 1
-            assert torch.equal(scratch[: bucket.numel()], bucket), f"row {i}"
-            assert scratch[bucket.numel() :].isnan().all(), f"row {i}: written past its bucket"
-        else:
-            assert scratch.isnan().all(), f"row {i}: an overflowing bucket was written"
-    assert 0 < fitting < z.shape[0], "both kinds of row"
+    windows = sampled_window(z, k, ops.SAMPLE, ops.window_span(k, vocab))
+    assert [w is None for w in windows] == [False] * 4 + [True] * 2, "the misleading samples' windows miss"
+    sample_at = (torch.arange(ops.SAMPLE) * vocab) // ops.SAMPLE
+    for i, (scratch, window) in enumerate(zip(work.view(-1, per_row), windows)):
+        if window is not None:
+            assert 0 < window.numel() < vocab // 4, f"row {i}: a window of {window.numel()} entries"
+            assert torch.equal(scratch[: window.numel()], window), f"row {i}: the window"
+        assert torch.equal(scratch[-ops.SAMPLE :], z[i, sample_at].sort().values), f"row {i}: the sorted sample"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Planted bugs must fail the checks above
 # ---------------------------------------------------------------------------------------------------------------------
 PLANTS = {
-    "first digit: the first bucket whose count reaches k + 1": (
-        "prefix_hi = tl.sum((cum < k).to(tl.int32), axis=0) - 1024",
-        "prefix_hi = tl.sum((cum <= k).to(tl.int32), axis=0) - 1024",
+    "entries equal to the window's lower end counted inside it": (
+        "n_below += (msk & (kz <= lo)).to(tl.int32)",
+        "n_below += (msk & (kz < lo)).to(tl.int32)",
+    ),
+    "a round's lower end moved to a probe whose count reaches k": (
+        "a = tl.maximum(a, tl.max(tl.where(le < k, pts, a), axis=0))",
+        "a = tl.maximum(a, tl.max(tl.where(le <= k, pts, a), axis=0))",
+    ),
+    "the copied bracket without its upper end": (
+        "inb = (offs < n_src) & (kw > a.to(tl.int32)) & (kw <= b.to(tl.int32))",
+        "inb = (offs < n_src) & (kw > a.to(tl.int32)) & (kw < b.to(tl.int32))",
+    ),
+    "negative keys not flipped in a round's count": (
+        "kw = tl.where(bw < 0, bw ^ 0x7FFFFFFF, bw)\n                inside",
+        "kw = bw\n                inside",
     ),
     "the max not kept when it is the k-th smallest": (
-        "thr_key = tl.minimum(kth_key, key_max - 1)",
-        "thr_key = kth_key",
+        "thr_key = tl.minimum(b, key_max - 1)",
+        "thr_key = b",
     ),
-    "negative keys not flipped in the last digit's pass": (
-        "kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz)\n            hist_lo",
-        "kz = bz\n            hist_lo",
+    "the whole row's selection starting at the sample minimum's key, not below every key": (
+        "a = tl.where(in_window, lo, -2147483648).to(tl.int64)",
+        "a = tl.where(in_window, lo, tl.min(s_key, axis=0)).to(tl.int64)",
     ),
 }
 
@@ -225,7 +244,9 @@ def test_planted_bug_fails_the_checks(plant):
     assert source.count(old) == 1, f"not found once in _triton_ops.py: {old}"
     planted = _load_ops(source.replace(old, new))
     with pytest.raises(AssertionError):
-        for vocab in (5, 300):
-            for k in _ks(vocab):
-                z, labels = _batch(vocab, k)
-                _check(planted, z, k, labels)
+        for override in (None, (64, 1)):
+            planted.SELECTION_OVERRIDE = override
+            for vocab in (5, 300):
+                for k in _ks(vocab):
+                    z, labels = _batch(vocab, k)
+                    _check(planted, z, k, labels)
