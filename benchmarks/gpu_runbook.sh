@@ -7,6 +7,7 @@
 # 1. installs the wheels found in DIR (--wheels; the project's and any others carried in), without the network;
 # 2. the CUDA kernel tests: tests/kernels/test_kernel_cuda.py (fp32 and bf16, both backends, clamp on and off, against
 #    float64) and the Triton compile test;
+#    then the clamp's selection under several sizes on one chunk of logits (benchmarks/select_sweep.py);
 # 3. the kernel benchmark, bf16, N = 16384 at (d, V) = (4096, 151936) and (2048, 32768): naive logits, TRL's chunked
 #    head, Liger's chunked GRPO loss, the four LM-head GEMMs alone (the floor), ours (torch and triton, clamp on and
 #    off);
@@ -131,6 +132,7 @@ fi
 if [ "$DRY_RUN" = 1 ]; then
     KERNEL_TEST_DEVICE=cpu stage "CUDA kernel tests (dry run: on the CPU, PyTorch backend)" \
         "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py
+    stage "Clamp selection sizes (dry run: the Triton interpreter)" "$PYTHON" benchmarks/select_sweep.py --dry-run
     stage "Kernel benchmark (dry run)" "$PYTHON" benchmarks/kernel_bench.py --in-process --strict --repeats 1 \
         --shapes 64,16,512 --methods naive,reference,trl,liger,gemm_floor,ours,ours_noclamp --profile 3
     stage "Trainer loss step (dry run: toy Qwen2)" "$PYTHON" benchmarks/step_bench.py --preset toy --repeats 1
@@ -142,6 +144,8 @@ if [ "$DRY_RUN" = 1 ]; then
 else
     stage "CUDA kernel tests" "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_cuda.py \
         tests/kernels/test_kernel_triton.py::test_triton_kernels_compile_for_cuda
+    stage "Clamp selection sizes (one chunk of fp32 logits, V 151,936)" "$PYTHON" benchmarks/select_sweep.py \
+        --device cuda
     # Each (shape, method) runs in its own process under --timeout. The baseline's stages follow their counterparts,
     # before the stages the earlier records already hold, so that a call cut short keeps the comparison.
     stage "Kernel benchmark (bf16)" "$PYTHON" benchmarks/kernel_bench.py --device cuda --dtype bf16 --repeats 3 \

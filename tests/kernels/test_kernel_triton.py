@@ -13,6 +13,7 @@
 The clamp's threshold (the sampled-window selection) has its own interpreter tests: ``test_kernel_triton_select.py``.
 """
 
+import dataclasses
 import functools
 import importlib.util
 import itertools
@@ -163,12 +164,13 @@ def interpreter_checks() -> None:
             )
         done(f"soft-cap {softcap}, logit scale {scale}, clamp 0 and 0.3")
 
-    # selection blocks of 64 columns, and windows of 16 entries (a row whose window is larger selects over the whole row)
-    ops.SELECTION_OVERRIDE = (64, 16)
+    # selection blocks of 64 columns, and windows of 16 entries (a row with a larger window selects over its whole row)
+    default_sizes = ops.SELECTION
+    ops.SELECTION = dataclasses.replace(default_sizes, sel_block=64, window_cap=16)
     try:
         _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.3, temperature=1.3, chunk_size=8)
     finally:
-        ops.SELECTION_OVERRIDE = None
+        ops.SELECTION = default_sizes
     done("clamp 0.3 with small selection blocks and scratch rows")
 
     # agrees with the torch path
@@ -256,6 +258,7 @@ def _planted_ge_ops(ops):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("_triton_ops_planted_ge", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass's annotations resolve through it
     spec.loader.exec_module(module)
     return module
 

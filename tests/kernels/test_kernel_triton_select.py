@@ -8,9 +8,11 @@ Triton reads ``TRITON_INTERPRET`` when the kernels are decorated, so ``test_sele
 this file's other tests in a pytest subprocess with it set; under ``TRITON_INTERPRET=1`` they run in this process.
 """
 
+import dataclasses
 import importlib.util
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def _load_ops(source: str | None = None):
         path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"triton_ops_{len(str(path))}_{id(source)}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass's annotations resolve through it
     spec.loader.exec_module(module)
     return module
 
@@ -167,7 +170,7 @@ def test_threshold_is_kthvalue_and_kept_set_is_the_torch_paths(ops, vocab):
 def test_whole_row_selection(ops, monkeypatch, vocab):
     """Windows of one entry: nearly every row overflows its window and narrows over the whole row, in blocks of 64
     columns."""
-    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (64, 1))
+    monkeypatch.setattr(ops, "SELECTION", dataclasses.replace(ops.SELECTION, sel_block=64, window_cap=1))
     for k in sorted({1, 2, vocab // 3, vocab - 2, vocab - 1} & set(_ks(vocab))):
         z, labels = _batch(vocab, k, seed=1)
         _check(ops, z, k, labels, "windows of one entry:")
@@ -178,7 +181,7 @@ def test_whole_row_selection(ops, monkeypatch, vocab):
 def test_brackets_copied_late_or_never(ops, monkeypatch, bracket):
     """Copied brackets of 1, 3 and 40 entries at most: the rounds go on over the window until the bracket fits (or
     ends), with blocks of 16 columns."""
-    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", (16, -(-300 // 4), bracket))
+    monkeypatch.setattr(ops, "SELECTION", dataclasses.replace(ops.SELECTION, sel_block=16, bracket=bracket))
     for k in (1, 100, 298):
         z, labels = _batch(300, k, seed=2)
         _check(ops, z, k, labels, f"brackets of {bracket}:")
@@ -195,14 +198,15 @@ def test_scratch_rows_hold_each_rows_window_in_row_order_and_its_sorted_sample(o
     per_row = ops.scratch_per_row(vocab)
     work = torch.full((z.shape[0] * per_row,), math.nan)
     ops.forward_stats(z, torch.zeros(z.shape[0], dtype=torch.long), k, work)
-    windows = sampled_window(z, k, ops.SAMPLE, ops.window_span(k, vocab))
+    windows = sampled_window(z, k, ops.SELECTION.sample, ops.window_span(k, vocab))
     assert [w is None for w in windows] == [False] * 4 + [True] * 2, "the misleading samples' windows miss"
-    sample_at = (torch.arange(ops.SAMPLE) * vocab) // ops.SAMPLE
+    sample_at = (torch.arange(ops.SELECTION.sample) * vocab) // ops.SELECTION.sample
     for i, (scratch, window) in enumerate(zip(work.view(-1, per_row), windows)):
         if window is not None:
             assert 0 < window.numel() < vocab // 4, f"row {i}: a window of {window.numel()} entries"
             assert torch.equal(scratch[: window.numel()], window), f"row {i}: the window"
-        assert torch.equal(scratch[-ops.SAMPLE :], z[i, sample_at].sort().values), f"row {i}: the sorted sample"
+        sorted_sample = z[i, sample_at].sort().values
+        assert torch.equal(scratch[-ops.SELECTION.sample :], sorted_sample), f"row {i}: the sorted sample"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -244,8 +248,8 @@ def test_planted_bug_fails_the_checks(plant):
     assert source.count(old) == 1, f"not found once in _triton_ops.py: {old}"
     planted = _load_ops(source.replace(old, new))
     with pytest.raises(AssertionError):
-        for override in (None, (64, 1)):
-            planted.SELECTION_OVERRIDE = override
+        for sizes in (planted.SELECTION, dataclasses.replace(planted.SELECTION, sel_block=64, window_cap=1)):
+            planted.SELECTION = sizes
             for vocab in (5, 300):
                 for k in _ks(vocab):
                     z, labels = _batch(vocab, k)

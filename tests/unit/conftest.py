@@ -12,6 +12,7 @@ FILES = {
     "test_rewards.py": "pure",
     "test_rounding.py": "pure",
     "test_schedule_values.py": "pure",
+    "test_select_sweep.py": "pure",
     "test_layout.py": "pure",
     "test_toy_sweep.py": "pure",
     "test_trl_pin.py": "pure",

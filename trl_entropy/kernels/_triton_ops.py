@@ -14,10 +14,11 @@ are compared as int32 sort keys whose integer order is the float order (negative
 1. one streaming pass for the row max and the target logit; with a clamp, the same pass counts the entries ``<= lo``
    and writes the window's entries, in row order, to the scratch row (while they fit);
 2. with a clamp, the k-th smallest key, exactly: a bracket ``(a, b]`` holding it narrows round by round, each round
-   counting the entries ``<=`` each of ``PROBES`` keys inside it, until ``b = a + 1``. It starts as the window, read from
-   the scratch row, with probes at evenly spaced sample ranks; later rounds probe evenly spaced keys, and once the
-   bracket holds at most ``BRACKET`` entries they are copied to the scratch row's end and only those are read. A row
-   whose window missed the k-th smallest or overflowed starts from every key up to the max and reads the whole row;
+   counting the entries ``<=`` each of ``PROBES`` keys inside it, until ``b = a + 1``. It starts as the window, read
+   from the scratch row, with probes at evenly spaced sample ranks; later rounds probe evenly spaced keys, and once
+   the bracket holds at most ``BRACKET`` entries they are copied to the scratch row's end and only those are read. A
+   row whose window missed the k-th smallest or overflowed starts from every key up to the max and reads the whole
+   row. The sizes are ``SELECTION`` (``SelectionSizes``);
 3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
    same over kept entries (``key(z) > key(thr)``).
 
@@ -28,6 +29,7 @@ overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,17 +38,27 @@ from triton import knobs
 
 
 INTERPRET = bool(knobs.runtime.interpret)
-# The selection's sizes. A strided sample of SAMPLE entries places the window SPAN_SIGMAS standard deviations of a
-# sample quantile's rank on each side of the k-th smallest's expected place: ~17 % of the row at k = 0.3 V, which the
-# scratch row holds up to V / WINDOW_FRACTION entries of. PROBES sampled keys split the window into brackets of ~0.5 %
-# of the row (~790 entries at V = 151,936); a bracket of up to BRACKET entries is copied to the scratch row's end.
-SAMPLE = 512
-RANK_BLOCK = 8  # sampled entries compared per step of the sample's ranks
-SPAN_SIGMAS = 4
-WINDOW_FRACTION = 4
-PROBES = 32
-PROBE_BLOCK = 64  # entries per step of a probe count: a (PROBE_BLOCK, PROBES) int32 count per program
-BRACKET = 4096
+
+
+@dataclass(frozen=True)
+class SelectionSizes:
+    """The clamp's selection sizes (one set per process: the module's ``SELECTION``, which benchmarks and tests may
+    replace). The defaults: at k = 0.3 V the window is ~17 % of the row, a first round's bracket ~0.5 % (~790 entries
+    at V = 151,936)."""
+
+    sample: int = 512  # entries of the strided sample (a power of two)
+    rank_block: int = 8  # sampled entries compared per step of the sample's ranks (a power of two)
+    span_sigmas: float = 4.0  # the window's half-width in standard deviations of a sample quantile's rank
+    window_fraction: int = 4  # the scratch row holds up to V / window_fraction of the window's entries
+    probes: int = 32  # keys counted per round (a power of two)
+    probe_block: int = 64  # entries per step of a round: a (probe_block, probes) int32 count per program
+    bracket: int = 4096  # entries of a bracket copied to the scratch row's end, at most
+    sel_block: int | None = None  # entries per step of the bracket's copy; None: the vocabulary block (`_block`)
+    window_cap: int | None = None  # the window's room per row; None: ceil(V / window_fraction)
+    num_warps: int = 4  # warps per program (per row) of the statistics kernel with a clamp
+
+
+SELECTION = SelectionSizes()
 
 # Sort keys: an fp32 value's bits as int32, with the 31 low bits flipped for negative values, order like the floats
 # (non-NaN). Written inline in the kernels: the interpreter re-patches triton.language on every nested jit call,
@@ -297,41 +309,32 @@ def _block(n_cols: int) -> int:
     return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
 
 
-# (SEL_BLOCK, window entries per row[, BRACKET]) forced by tests; None: the defaults above.
-SELECTION_OVERRIDE: tuple[int, ...] | None = None
-
-
-def _selection(vocab: int) -> tuple[int, int, int]:
-    """(SEL_BLOCK, window entries per row, BRACKET) for rows of ``vocab`` entries."""
-    if SELECTION_OVERRIDE is None:
-        return _block(vocab), -(-vocab // WINDOW_FRACTION), BRACKET
-    sel_block, window_cap, *bracket = SELECTION_OVERRIDE
-    return sel_block, window_cap, bracket[0] if bracket else BRACKET
+def _window_cap(vocab: int) -> int:
+    return SELECTION.window_cap if SELECTION.window_cap is not None else -(-vocab // SELECTION.window_fraction)
 
 
 def _selection_config(vocab: int) -> dict[str, int]:
-    sel_block, _, bracket = _selection(vocab)
+    s = SELECTION
     return dict(
-        SEL_BLOCK=sel_block,
-        SAMPLE=SAMPLE,
-        RANK_BLOCK=RANK_BLOCK,
-        PROBES=PROBES,
-        PROBE_BLOCK=PROBE_BLOCK,
-        BRACKET=bracket,
+        SEL_BLOCK=s.sel_block if s.sel_block is not None else _block(vocab),
+        SAMPLE=s.sample,
+        RANK_BLOCK=s.rank_block,
+        PROBES=s.probes,
+        PROBE_BLOCK=s.probe_block,
+        BRACKET=s.bracket,
     )
 
 
 def scratch_per_row(vocab: int) -> int:
     """Entries of the selection's scratch buffer per row: the window, the bracket and the sorted sample."""
-    _, window_cap, bracket = _selection(vocab)
-    return window_cap + bracket + SAMPLE
+    return _window_cap(vocab) + SELECTION.bracket + SELECTION.sample
 
 
 def window_span(k: int, vocab: int) -> int:
-    """Sample ranks on each side of the k-th smallest's expected place that the window spans: SPAN_SIGMAS standard
-    deviations of a sample quantile's rank (binomial), and two more."""
+    """Sample ranks on each side of the k-th smallest's expected place that the window spans: ``span_sigmas``
+    standard deviations of a sample quantile's rank (binomial), and two more."""
     q = k / vocab
-    return math.ceil(SPAN_SIGMAS * math.sqrt(SAMPLE * q * (1 - q))) + 2
+    return math.ceil(SELECTION.span_sigmas * math.sqrt(SELECTION.sample * q * (1 - q))) + 2
 
 
 def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
@@ -357,7 +360,7 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         window_span(k, vocab) if k > 0 else 0,
         work if k > 0 else dummy,
         per_row,
-        _selection(vocab)[1],
+        _window_cap(vocab),
         out["m"],
         out["y_t"],
         out["s_rest"],
@@ -369,6 +372,7 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         HAS_CLAMP=k > 0,
         BLOCK=_block(vocab),
         **_selection_config(vocab),
+        num_warps=SELECTION.num_warps if k > 0 else 4,
     )
     return out
 
