@@ -23,8 +23,8 @@
 # --baseline DIR measures an earlier library beside this one in the same call: DIR is its source tree, unpacked with
 #   git archive REV | (mkdir -p .baseline && tar -x -C .baseline) && echo REV > .baseline/REVISION
 # (.baseline is ignored by git; carry it to the GPU machine). Its own kernel_bench.py and step_bench.py run with DIR
-# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and every trainer's
-# loss step.
+# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and the loss steps of
+# TRL, the base trainer and AEnt.
 #
 # --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
 # the runbook is known to work before GPU time is spent on it (tests/launch/test_gpu_runbook.py runs it in CI).
@@ -98,11 +98,12 @@ stage() {  # stage TITLE COMMAND...: runs it, appends its command and output to 
         echo "\`$*\`"
         echo
     } >> "$REPORT"
-    local log
+    local log started=$SECONDS
     log="$(mktemp)"
     "$@" > "$log" 2>&1
     local status=$?
     grep -E '^\||^(preset|parameters|device)=?|[0-9]+ (passed|failed|skipped|error)' "$log" >> "$REPORT"
+    { echo; echo "stage time: $((SECONDS - started)) s"; } >> "$REPORT"
     if [ $status -ne 0 ]; then
         FAILED+=("$title")
         { echo; echo "**failed (exit $status)**; last lines:"; echo '```'; tail -20 "$log"; echo '```'; } >> "$REPORT"
@@ -159,7 +160,7 @@ else
         --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
     if [ -n "$BASELINE" ]; then
         baseline "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" step_bench.py --preset qwen2-0.5b \
-            --device cuda --dtype bf16 --repeats 3
+            --device cuda --dtype bf16 --repeats 3 --trainers trl,base,aent
     fi
     stage "Kernel profile (bf16, one call each: own device time per kernel)" "$PYTHON" benchmarks/kernel_bench.py \
         --device cuda --dtype bf16 --repeats 1 --timeout 60 --profile 12 --shapes 16384,4096,151936 \
