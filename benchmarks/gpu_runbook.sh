@@ -23,8 +23,8 @@
 # --baseline DIR measures an earlier library beside this one in the same call: DIR is its source tree, unpacked with
 #   git archive REV | (mkdir -p .baseline && tar -x -C .baseline) && echo REV > .baseline/REVISION
 # (.baseline is ignored by git; carry it to the GPU machine). Its own kernel_bench.py and step_bench.py run with DIR
-# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and the loss steps of
-# TRL, the base trainer and AEnt.
+# first on PYTHONPATH, right after this library's, on TRL's head, ours (Triton, clamp 0 and 0.3) and every trainer's
+# loss step.
 #
 # --dry-run runs every stage at toy sizes on the CPU (the CUDA tests on the CPU, the benchmarks in-process), so that
 # the runbook is known to work before GPU time is spent on it (tests/launch/test_gpu_runbook.py runs it in CI).
@@ -160,7 +160,7 @@ else
         --preset qwen2-0.5b --device cuda --dtype bf16 --repeats 3
     if [ -n "$BASELINE" ]; then
         baseline "Trainer loss step (random-initialised ~0.5B Qwen2, bf16)" step_bench.py --preset qwen2-0.5b \
-            --device cuda --dtype bf16 --repeats 3 --trainers trl,base,aent
+            --device cuda --dtype bf16 --repeats 3
     fi
     stage "Kernel profile (bf16, one call each: own device time per kernel)" "$PYTHON" benchmarks/kernel_bench.py \
         --device cuda --dtype bf16 --repeats 1 --timeout 60 --profile 12 --shapes 16384,4096,151936 \
