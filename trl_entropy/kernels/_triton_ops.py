@@ -16,9 +16,9 @@ are compared as int32 sort keys whose integer order is the float order (negative
 2. with a clamp, the k-th smallest key, exactly: a bracket ``(a, b]`` holding it narrows round by round, each round
    counting the entries ``<=`` each of ``PROBES`` keys inside it, until ``b = a + 1``. It starts as the window, read
    from the scratch row, with probes at evenly spaced sample ranks; later rounds probe evenly spaced keys, and once
-   the bracket holds at most ``BRACKET`` entries they are copied to the scratch row's end and only those are read. A
-   row whose window missed the k-th smallest or overflowed starts from every key up to the max and reads the whole
-   row. The sizes are ``SELECTION`` (``SelectionSizes``);
+   the bracket holds at most ``BRACKET`` entries they are copied to the scratch row's bracket area (after the window)
+   and only those are read. A row whose window missed the k-th smallest or overflowed starts from every key up to the
+   max and reads the whole row. The sizes are ``SELECTION`` (``SelectionSizes``);
 3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
    same over kept entries (``key(z) > key(thr)``).
 
@@ -52,7 +52,7 @@ class SelectionSizes:
     window_fraction: int = 4  # the scratch row holds up to V / window_fraction of the window's entries
     probes: int = 32  # keys counted per round (a power of two)
     probe_block: int = 64  # entries per step of a round: a (probe_block, probes) int32 count per program
-    bracket: int = 4096  # entries of a bracket copied to the scratch row's end, at most
+    bracket: int = 4096  # entries of a bracket copied out of the window (after it in the scratch row), at most
     sel_block: int | None = None  # entries per step of the bracket's copy; None: the vocabulary block (`_block`)
     window_cap: int | None = None  # the window's room per row; None: ceil(V / window_fraction)
     num_warps: int = 4  # warps per program (per row) of the statistics kernel with a clamp
@@ -162,7 +162,7 @@ def _forward_stats_kernel(
         # step 2: narrow a bracket (a, b] with count(key <= a) = le_a < k <= le_b = count(key <= b) until b = a + 1:
         # each round counts, over a source holding every entry of the bracket, the entries <= each of PROBES keys
         # inside it. The window's first round probes at evenly spaced sample ranks (they follow the row's
-        # distribution), the other rounds at evenly spaced keys. Once the bracket fits the sort area its entries are
+        # distribution), the other rounds at evenly spaced keys. Once the bracket fits its area its entries are
         # copied there, and the rounds read only those. A row whose window missed the k-th smallest, or overflowed,
         # narrows from (below every key, max] over the whole row, its first probes spread over the whole sample.
         j = tl.arange(0, PROBES)
