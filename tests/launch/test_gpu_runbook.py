@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,55 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     )
     assert f"`env PYTHONPATH={baseline}" in kernel and "| ours, torch path, clamp 0 |" in kernel
     assert "\n| aent | " in step.split("\n## ")[0]
+
+
+def run_runbook(args, env=None, timeout=120):
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_runbook.sh"), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
+def test_gpu_runbook_keeps_to_its_budget(tmp_path):
+    """A stage still running when the budget is spent is stopped (its process group with it) and marked cut; the
+    stages after it are listed as not run. The step benchmark is made to outlast the budget by construction: the
+    interpreter the runbook is given sleeps a minute before that script."""
+    slow = tmp_path / "python"
+    slow.write_text(f'#!/usr/bin/env bash\ncase "$*" in *step_bench*) sleep 60 ;; esac\nexec "{sys.executable}" "$@"\n')
+    slow.chmod(0o755)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    proc = run_runbook(
+        ["--dry-run", "--out", str(out), "--budget", "5", "--stages", "step,sweep"], env={"PYTHON": str(slow)}
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 40, elapsed  # the sleeping stage was stopped at the budget, not waited for
+    (report,) = out.glob("dry-run-cpu-*.md")
+    text = report.read_text()
+    assert "* budget: 5 s; stages: step,sweep" in text, text
+    step, sweep = text.split("## Trainer loss step")[1], text.split("## Clamp selection sizes")[1]
+    assert "**cut at the budget** of 5 s" in step.split("\n## ")[0], text
+    assert "**not run**: the budget of 5 s was spent" in sweep.split("\n## ")[0], text
+    assert "* cut at the budget: Trainer loss step" in text and "* not run (budget spent): Clamp selection" in text
+    for stage in ("CUDA kernel tests", "Kernel benchmark", "Kernel profile"):  # not named in --stages
+        assert f"## {stage}" not in text, stage
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stages", "tests,kernels"], "--stages: unknown stage 'kernels'; the stages are tests,kernel,"),
+        (["--budget", "8m"], "--budget takes whole seconds, got '8m'"),
+    ],
+)
+def test_gpu_runbook_refuses_bad_arguments(tmp_path, args, message):
+    proc = run_runbook(["--dry-run", "--out", str(tmp_path), *args])
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("*.md"))
