@@ -13,7 +13,7 @@ from _reference.float64_reference import reference
 from _reference.kernel_reference import naive_logprob_entropy
 
 import trl_entropy.kernels.logprob_entropy as lpe
-from trl_entropy.kernels import chunked_logprob_entropy
+from trl_entropy.kernels import _torch_ops, chunked_logprob_entropy
 from trl_entropy.kernels._select import kth_smallest_threshold
 
 
@@ -372,10 +372,15 @@ def test_equals_trl_fused_head_without_clamp(temperature):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Memory: only O(N) is saved, one chunk of logits at a time
+# Memory: O(N) floats and the kept set's bits are saved, one chunk of logits at a time
 # ---------------------------------------------------------------------------------------------------------------------
-def test_forward_saves_only_inputs_and_per_token_floats():
-    n, d, vocab = 40, 8, 500  # weight (V x d) is smaller than N x V
+@pytest.mark.parametrize(
+    ("kwargs", "bits_saved"),
+    [(dict(clamp_fraction=0.3), True), (dict(top_p=0.5), True), (dict(clamp_fraction=0.0), False)],
+)
+def test_forward_saves_only_inputs_per_token_floats_and_the_kept_bits(kwargs, bits_saved):
+    """Besides the inputs, a few floats per token; with a kept set, one bit per logit too (ceil(V / 8) bytes a row)."""
+    n, d, vocab = 40, 8, 501  # weight (V x d) is smaller than N x V
     hidden, weight, bias, targets = make_inputs(n=n, d=d, vocab=vocab)
     leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
     saved = []
@@ -385,16 +390,42 @@ def test_forward_saves_only_inputs_and_per_token_floats():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = chunked_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], clamp_fraction=0.3, chunk_size=8)
+        out = chunked_logprob_entropy(leaves[0], leaves[1], targets, bias=leaves[2], chunk_size=8, **kwargs)
     inputs = {t.data_ptr() for t in leaves} | {targets.data_ptr()}
     assert saved, "the hook saw nothing"
+    bits = [t for t in saved if t.dtype == torch.uint8]
+    assert [tuple(t.shape) for t in bits] == ([(n, 63)] if bits_saved else [])
     for t in saved:
-        if t.data_ptr() in inputs:
+        if t.data_ptr() in inputs or t.dtype == torch.uint8:
             continue
         assert t.numel() <= n, f"a saved tensor of shape {tuple(t.shape)} is larger than one float per token"
-    per_token = [t for t in saved if t.data_ptr() not in inputs]
+    per_token = [t for t in saved if t.data_ptr() not in inputs and t.dtype != torch.uint8]
     assert len(per_token) <= 8
     sum(o.sum() for o in out).backward()
+
+
+@pytest.mark.parametrize("vocab", [1, 8, 13, 301])
+def test_kept_bits_round_trip_in_the_documented_layout(vocab):
+    """``pack_kept``: bit j of byte b of a row is column 8 b + j (the last byte's high bits 0), checked against that
+    formula in integers; ``unpack_kept`` gives back any run of columns, wherever it starts in a byte."""
+    n = 5
+    g = torch.Generator().manual_seed(vocab)
+    kept = torch.rand(n, vocab, generator=g) < 0.4
+    kept[0], kept[1] = True, False  # all bits set, none set
+    bits = _torch_ops.pack_kept(kept.float(), torch.empty(n, _torch_ops.kept_bytes(vocab), dtype=torch.uint8))
+    assert bits.shape == (n, (vocab + 7) // 8)
+    for row in range(n):
+        for byte in range(bits.shape[1]):
+            want = sum(1 << j for j in range(8) if 8 * byte + j < vocab and kept[row, 8 * byte + j])
+            assert bits[row, byte].item() == want, (row, byte)
+    assert torch.equal(_torch_ops.pack_kept(kept, torch.empty_like(bits)), bits)  # bool in, the same bits
+    for start in sorted({0, 1, 7, vocab // 2, vocab - 1}):
+        for width in sorted({1, vocab - start, (vocab - start) // 2}):
+            if width < 1 or start + width > vocab:
+                continue
+            out = torch.full((n, width), 7.0)
+            got = _torch_ops.unpack_kept(bits, start, width, out)
+            assert got is out and torch.equal(out, kept[:, start : start + width].float()), (start, width)
 
 
 def test_at_most_one_chunk_of_logits_at_a_time(logit_shapes):
@@ -574,25 +605,23 @@ def test_triton_backend_on_cpu_without_interpreter_raises():
 # ---------------------------------------------------------------------------------------------------------------------
 # The backward's blocks
 # ---------------------------------------------------------------------------------------------------------------------
-def test_backward_blocks_without_a_kept_set_read_the_weight_gradient_once_per_token_block():
-    """Without a kept set the backward recomputes in blocks of BACKWARD_TOKEN_BLOCK tokens, within the forward's
-    buffer; with one (the clamp's or top-p's ``z > thr``), in the forward's own chunks and tiles, which recompute the
-    forward's logits bit for bit."""
+def test_backward_blocks_read_the_weight_gradient_once_per_token_block():
+    """The backward recomputes in blocks of BACKWARD_TOKEN_BLOCK tokens, within the forward's buffer, with a kept set
+    or without (a kept set comes from the forward's bits)."""
     vocab = 151936
     chunk = lpe.default_chunk_size(16384, vocab, "cuda")
     assert chunk == 441
-    rows, width = lpe._backward_blocks(16384, vocab, chunk, vocab, kept_set=False)
+    rows, width = lpe._backward_blocks(16384, vocab, chunk, vocab)
     assert (rows, width) == (4096, 16128)  # 441 * 151936 // 4096 = 16358 entries, down to a multiple of 256
     assert rows * width <= chunk * vocab
     assert math.ceil(16384 / rows) == 4 and math.ceil(16384 / chunk) == 38  # accumulations of each weight slice
-    assert lpe._backward_blocks(16384, vocab, chunk, vocab, kept_set=True) == (chunk, vocab)
-    assert lpe._backward_blocks(300, vocab, 441, vocab, kept_set=False) == (441, vocab)  # one chunk: as the forward
+    assert lpe._backward_blocks(300, vocab, 441, vocab) == (441, vocab)  # one chunk: as the forward
     # the CPU's bf16 path upcasts the weight in tiles of 2048 rows at d = 4096: the tile bounds the width
-    assert lpe._backward_blocks(16384, vocab, 110, 2048, kept_set=False) == (4080, 2048)
+    assert lpe._backward_blocks(16384, vocab, 110, 2048) == (4080, 2048)
     # a small chunk: blocks as tall as keep them 4096 entries wide
-    assert lpe._backward_blocks(16384, vocab, 8, vocab, kept_set=False) == (296, 4096)
+    assert lpe._backward_blocks(16384, vocab, 8, vocab) == (296, 4096)
     # a chunk of a small vocabulary holds no taller block of 301 entries: the forward's
-    assert lpe._backward_blocks(5000, 301, 7, 64, kept_set=False) == (7, 64)
+    assert lpe._backward_blocks(5000, 301, 7, 64) == (7, 64)
 
 
 @pytest.mark.parametrize(
@@ -620,18 +649,19 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, mo
 
 
 @pytest.mark.parametrize("clamp_fraction", [0.3, 0.9])
-def test_backward_with_a_kept_set_recomputes_the_forward_chunks(clamp_fraction, logit_shapes, monkeypatch):
-    """With the clamped entropy in the loss the backward recomputes the forward's chunks of 7, not blocks of 16 x 131
-    it would take without: each row's k-th logit is the threshold itself, and a recompute of another shape that rounds
-    it up puts it in the kept set (with those blocks here, the gradients miss float64 by far)."""
+def test_backward_with_a_kept_set_reads_the_forward_bits_in_token_blocks(clamp_fraction, logit_shapes, monkeypatch):
+    """With the clamped entropy in the loss the backward recomputes in blocks of 16 x 131, not the forward's chunks of
+    7, and matches float64: each row's k-th logit is the threshold itself, and a kept set taken from logits recomputed
+    in another shape (``z > thr``) puts the entries a recompute rounds up in the set (the gradients then miss float64
+    by far). The set comes from the forward's bits instead."""
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
     monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 32)
-    assert lpe._backward_blocks(N, V, 7, V, kept_set=False) == (16, 131)
     hidden, weight, bias, targets = make_inputs()
     _, grads, _, ref_grads = run_both(hidden, weight, bias, targets, chunk_size=7, clamp_fraction=clamp_fraction)
     assert_grads(grads, ref_grads, (hidden, weight, bias))
     forward = logit_shapes[: math.ceil(N / 7)]
-    assert logit_shapes[len(forward) :] == forward == [(7, V)] * 3 + [(2, V)]
+    assert forward == [(7, V)] * 3 + [(2, V)]
+    assert logit_shapes[len(forward) :] == [(rows, width) for rows in (16, 7) for width in (131, 131, 39)]
 
 
 def test_fp32_output_matmul_path_in_token_blocks(logit_shapes, monkeypatch):

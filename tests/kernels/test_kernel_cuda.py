@@ -28,14 +28,15 @@ def test_matches_float64_on_device(dtype, backend, clamp_fraction):
     check_against_float64(dtype, backend, clamp_fraction)
 
 
+@pytest.mark.parametrize("clamp", [0.0, 0.3], ids=["clamp0", "clamp0.3"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_backward_in_token_blocks_on_device(dtype, backend, logit_shapes, monkeypatch):
-    """Clamp 0: the backward in its own blocks of 32 tokens (2 blocks) by vocabulary tiles of 2048 + 952, each a GEMM
-    of another shape than the forward's chunks of 24 tokens."""
+def test_backward_in_token_blocks_on_device(dtype, backend, clamp, logit_shapes, monkeypatch):
+    """The backward in its own blocks of 32 tokens (2 blocks) by vocabulary tiles of 2048 + 952, each a GEMM of
+    another shape than the forward's chunks of 24 tokens; with the clamp, the kept set from the forward's bits."""
     monkeypatch.setattr(logprob_entropy, "BACKWARD_TOKEN_BLOCK", 32)
     monkeypatch.setattr(logprob_entropy, "BACKWARD_MIN_WIDTH", 1024)
-    check_against_float64(dtype, backend, 0.0)
+    check_against_float64(dtype, backend, clamp)
     # after the forward's 3 chunks of 24, 24 and 16
     assert logit_shapes[3:] == [(32, 2048), (32, 952)] * 2, logit_shapes
 

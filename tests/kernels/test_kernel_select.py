@@ -187,8 +187,8 @@ def test_keeping_entries_equal_to_the_threshold_fails_the_tie_checks(case, vocab
     original = _torch_ops.kept_mask
 
     def kept_ge(z, thr, out=None):
+        equal = z == (thr.unsqueeze(1) if z.dim() == 2 else thr)  # before ``out``, which may be ``z`` itself
         kept = original(z, thr, out=out)
-        equal = z == (thr.unsqueeze(1) if z.dim() == 2 else thr)
         return kept.masked_fill_(equal, True if kept.dtype == torch.bool else 1.0)
 
     monkeypatch.setattr(_torch_ops, "kept_mask", kept_ge)

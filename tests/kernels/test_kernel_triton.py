@@ -127,7 +127,7 @@ def interpreter_checks() -> None:
     _check(kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.0, chunk_size=16)
     done("clamp 0, every subset of outputs in the loss")
 
-    # no kept set: the backward's own blocks, 3 tokens by 200 vocabulary entries (rows 3 + 3 + 2, tiles 200 + 100)
+    # the backward's own blocks, 3 tokens by 200 vocabulary entries (rows 3 + 3 + 2, tiles 200 + 100)
     blocks = kernels.logprob_entropy
     defaults = blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH, blocks._chunk_logits
     blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH = 3, 128
@@ -143,9 +143,13 @@ def interpreter_checks() -> None:
         # the forward's 4 chunks of 2, then the backward's blocks
         assert shapes[4:] == [(3, 200), (3, 100), (3, 200), (3, 100), (2, 200), (2, 100)], shapes
         _check(kernels, hidden, weight, bias, targets, used_sets=all_subsets, clamp_fraction=0.0, chunk_size=2)
+        # with the clamp the same blocks: the kept set comes from the forward's bits
+        shapes.clear()
+        _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=2)
+        assert shapes[4:] == [(3, 200), (3, 100), (3, 200), (3, 100), (2, 200), (2, 100)], shapes
     finally:
         blocks.BACKWARD_TOKEN_BLOCK, blocks.BACKWARD_MIN_WIDTH, blocks._chunk_logits = defaults
-    done("clamp 0, the backward in token blocks and vocabulary tiles of its own")
+    done("clamp 0 and 0.3, the backward in token blocks and vocabulary tiles of its own")
 
     # TRL's logit map (soft-cap 2 bends these logits, std ~2.8; both factors enter every gradient), clamp on and off
     for softcap, scale in itertools.product((None, 2.0), (1.0, 0.25, 1 / 8)):
@@ -237,11 +241,11 @@ def interpreter_checks() -> None:
     print("ALL OK")
 
 
-# The kept tests of ``_triton_ops.py`` (forward sums, the target's flag, the gradient), each written ``key > key``.
+# The kept tests of ``_triton_ops.py`` (the forward's sums and bits, the target's flag), each written ``key > key``;
+# the gradient reads the forward's bits.
 _KEPT_TESTS = (
-    ("ek = tl.where(kz > thr_key, e, 0.0)", "ek = tl.where(kz >= thr_key, e, 0.0)"),
+    ("kept = msk & (kz > thr_key)", "kept = msk & (kz >= thr_key)"),
     (".to(tl.int64) > thr_key).to(tl.float32)", ".to(tl.int64) >= thr_key).to(tl.float32)"),
-    ("bz ^ 0x7FFFFFFF, bz) > tl.where(b_thr < 0", "bz ^ 0x7FFFFFFF, bz) >= tl.where(b_thr < 0"),
 )
 
 
@@ -289,6 +293,7 @@ _INT_ARGS = {
     "vocab_start": "i32",
     "scratch_per_row": "i32",
     "window_cap": "i32",
+    "stride_bits": "i64",
 }
 
 
@@ -299,6 +304,8 @@ def _signature(kernel, constexprs):
             sig[name] = "constexpr"
         elif name == "tgt_ptr":
             sig[name] = "*i64"
+        elif name == "bits_ptr":
+            sig[name] = "*u8"
         else:
             sig[name] = _INT_ARGS.get(name, "*fp32")
     return sig

@@ -125,9 +125,11 @@ def _batch(vocab, k, seed=0):
 
 def _check(ops, z, k, labels, what=""):
     """The kernel's threshold and kept set on rows ``z`` against ``torch.kthvalue`` and the PyTorch path."""
-    n = z.shape[0]
-    targets = torch.arange(n) * 7 % z.shape[1]
-    out = ops.forward_stats(z, targets, k)
+    n, vocab = z.shape
+    targets = torch.arange(n) * 7 % vocab
+    n_bytes = (vocab + 7) // 8
+    bits = torch.full((n, n_bytes + 3), 0xAB, dtype=torch.uint8)  # a row stride wider than the bits
+    out = ops.forward_stats(z, targets, k, None, bits[:, :n_bytes])
     got = sort_keys(out["thr"])
     want = threshold_keys(z, k)
     bad = [labels[i] for i in (got != want).nonzero().flatten().tolist()]
@@ -138,6 +140,12 @@ def _check(ops, z, k, labels, what=""):
     bad = [labels[i] for i in (kept != torch_kept).any(1).nonzero().flatten().tolist()]
     assert not bad, f"{what} V={z.shape[1]} k={k}: kept sets differ from the PyTorch path's on {bad}"
     assert torch.equal(out["kept_t"], kept[torch.arange(n), targets].float()), f"{what} V={z.shape[1]} k={k}: kept_t"
+    # the kept set's bits: bit j of byte b is column 8 b + j, the last byte's high bits 0
+    padded = torch.zeros(n, 8 * n_bytes, dtype=torch.long)
+    padded[:, :vocab] = kept.long()
+    want_bits = (padded.view(n, n_bytes, 8) << torch.arange(8)).sum(2)
+    assert torch.equal(bits[:, :n_bytes].long(), want_bits), f"{what} V={vocab} k={k}: the kept set's bits"
+    assert (bits[:, n_bytes:] == 0xAB).all(), f"{what} V={vocab} k={k}: bits written past the row's bytes"
 
 
 def _misleading_sample(vocab, k, g):

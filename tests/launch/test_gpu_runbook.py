@@ -94,7 +94,9 @@ def test_gpu_runbook_keeps_to_its_budget(tmp_path):
     stages after it are listed as not run. The step benchmark is made to outlast the budget by construction: the
     interpreter the runbook is given sleeps a minute before that script."""
     slow = tmp_path / "python"
-    slow.write_text(f'#!/usr/bin/env bash\ncase "$*" in *step_bench*) sleep 60 ;; esac\nexec "{sys.executable}" "$@"\n')
+    slow.write_text(
+        f'#!/usr/bin/env bash\ncase "$*" in *step_bench*) sleep 60 ;; esac\nexec "{sys.executable}" "$@"\n'
+    )
     slow.chmod(0o755)
     out = tmp_path / "out"
     started = time.monotonic()

@@ -9,6 +9,10 @@ Both functions work on one chunk of logits ``z`` (rows = tokens, fp32, contiguou
 * with a clamp, ``thr`` is the row's k-th smallest logit, kept entries are ``z > thr``, and ``sc_rest`` /
   ``syc_rest`` are the same sums restricted to kept entries. With SIREN's top-p set, ``_top_p.py`` gives ``thr`` and
   these sums instead, and ``grad_tile`` uses them the same way.
+
+The kept set travels from the forward to the backward as bits, one per logit (``pack_kept`` / ``unpack_kept``: bit
+``j`` of byte ``b`` of a row is column ``8 b + j``), so that the backward reads the forward's set whatever the
+rounding of its own recomputed logits.
 """
 
 from __future__ import annotations
@@ -25,6 +29,38 @@ def kept_mask(z: torch.Tensor, thr: torch.Tensor, out: torch.Tensor | None = Non
     return torch.gt(z, thr, out=out) if out is not None else torch.gt(z, thr)
 
 
+def kept_bytes(vocab: int) -> int:
+    """Bytes per row of the kept set's bits."""
+    return (vocab + 7) // 8
+
+
+_BIT_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def pack_kept(kept: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Packs ``kept`` (n, V), 0/1 or bool, into the bits ``out`` (n, ``kept_bytes(V)``) uint8, and returns ``out``."""
+    n, vocab = kept.shape
+    whole = vocab // 8
+    values = torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=kept.device)
+    if whole:
+        bits = kept[:, : whole * 8].to(torch.uint8).view(n, whole, 8)
+        out[:, :whole] = torch.sum(bits.mul_(values), dim=2, dtype=torch.uint8)
+    if vocab > whole * 8:  # the last byte's high bits stay 0
+        tail = kept[:, whole * 8 :].to(torch.uint8)
+        out[:, whole] = torch.sum(tail.mul_(values[: vocab - whole * 8]), dim=1, dtype=torch.uint8)
+    return out
+
+
+def unpack_kept(bits: torch.Tensor, vocab_start: int, width: int, out: torch.Tensor) -> torch.Tensor:
+    """Columns ``vocab_start : vocab_start + width`` of the kept set packed in ``bits`` (n, bytes) uint8, as 0/1 in
+    ``out`` (n, width), any dtype; returns ``out``."""
+    first, last = vocab_start // 8, (vocab_start + width + 7) // 8
+    shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
+    unpacked = bits[:, first:last].unsqueeze(2).bitwise_right_shift(shifts).bitwise_and_(1)
+    offset = vocab_start - 8 * first
+    return out.copy_(unpacked.view(bits.shape[0], -1)[:, offset : offset + width])
+
+
 def _block_rows(z: torch.Tensor, width: int) -> int:
     """Rows per block for the element-wise work: a cache-sized block on the CPU (each block's temporaries are written
     and read back while they are still in cache), the whole chunk on a GPU."""
@@ -36,9 +72,12 @@ def _block_rows(z: torch.Tensor, width: int) -> int:
 BLOCK_BYTES_CPU = 1 << 20  # bytes of logits per row block on the CPU
 
 
-def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor) -> dict[str, torch.Tensor]:
+def forward_stats(
+    z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor, kept_bits: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Row statistics of one chunk. ``z`` (n, V) fp32 is destroyed with a clamp (``k > 0``), left unchanged without
-    one (the top-p set is selected from it afterwards); ``work`` is an fp32 buffer of >= 2 * z.numel().
+    one (the top-p set is selected from it afterwards); ``work`` is an fp32 buffer of >= 2 * z.numel(). With a clamp
+    and ``kept_bits`` (n, ``kept_bytes(V)``) uint8, the kept set is packed into it.
 
     Row block by row block (cache-sized on the CPU), ``e`` and ``-e*y`` sit in one ``(b, 2, V)`` buffer: their row
     sums are one reduction, and the two clamped sums one batched matrix-vector product with the kept mask (no masked
@@ -73,6 +112,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         torch.sum(pair, 2, out=sums[r0:r1])
         if k > 0:
             kept = kept_mask(zb, thr[r0:r1], out=zb)  # 0/1 in fp32, over z (no longer needed)
+            if kept_bits is not None:
+                pack_kept(kept, kept_bits[r0:r1])
             if z.device.type == "cpu":  # a matrix-vector product per row: the CPU's batched one is ~3x slower
                 for pair_row, kept_row, out_row in zip(pair.unbind(), kept.unbind(), sums_c[r0:r1, :, 0].unbind()):
                     torch.mv(pair_row, kept_row, out=out_row)
@@ -100,7 +141,8 @@ def grad_tile(
 
     * always ``m``, ``neg_logs`` (``-log sum e``), ``a0`` and optional ``b0`` (the non-clamped coefficient
       ``c(y) = a0 + b0 * y``, so that ``dL/dz = p * c(y)`` away from the target);
-    * with a clamped-entropy gradient, ``thr``, ``da``, ``db``: kept entries add ``da + db * y``;
+    * with a clamped-entropy gradient, ``kept_bits`` (n, bytes: the forward's kept set, ``pack_kept``), ``da``,
+      ``db``: kept entries add ``da + db * y``;
     * ``g_lp``, ``om`` (``-expm1(log_prob)``), ``g_h``, ``ybar``, ``g_cr``, ``ybar_c`` for the target entry, which
       is rebuilt exactly as ``g_lp * (1 - p_t) + p_t * (g_h (y_t - ybar) + [kept] g_cr (y_t - ybar_c))``.
     """
@@ -126,14 +168,14 @@ def _grad_rows(z, vocab_start, targets, coef, p, c, d, db_rows=None):
     """``grad_tile`` for a block of rows: ``dL/dz`` into ``p``, with ``c``, ``d`` buffers of the same shape.
     ``db_rows``: ``coef["db"]`` as numbers (on the CPU)."""
     n, width = z.shape
-    has_clamp = "thr" in coef
+    has_clamp = "kept_bits" in coef
 
     local = targets - vocab_start
     in_tile = (local >= 0) & (local < width)
     cols = local.clamp(0, width - 1).unsqueeze(1)  # rows whose target is outside the tile are masked below
 
     if has_clamp:
-        kept = kept_mask(z, coef["thr"], out=d)
+        kept = unpack_kept(coef["kept_bits"], vocab_start, width, out=d)
         kept_t = kept.gather(1, cols).squeeze(1)
     y = torch.sub(coef["m"].unsqueeze(1), z, out=z)
     torch.sub(coef["neg_logs"].unsqueeze(1), y, out=p).exp_()

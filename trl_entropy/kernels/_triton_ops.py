@@ -20,10 +20,12 @@ are compared as int32 sort keys whose integer order is the float order (negative
    and only those are read. A row whose window missed the k-th smallest or overflowed starts from every key up to the
    max and reads the whole row. The sizes are ``SELECTION`` (``SelectionSizes``);
 3. one streaming pass for ``sum exp(-y)`` and ``sum exp(-y) * y`` (``y = m - z``) without the target column, and the
-   same over kept entries (``key(z) > key(thr)``).
+   same over kept entries (``key(z) > key(thr)``); with a clamp, the same pass writes the kept set as bits, one per
+   entry (the layout of ``_torch_ops.pack_kept``).
 
 ``_grad_tile_kernel``, one program per (token, block of columns): recomputes ``p`` from the saved row statistics and
-overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch/cuBLAS).
+overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch/cuBLAS); the kept set is the
+forward's, read from its bits.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def _forward_stats_kernel(
     keptt_ptr,
     sc_ptr,
     syc_ptr,
+    bits_ptr,
+    stride_bits,
     HAS_CLAMP: tl.constexpr,
     BLOCK: tl.constexpr,
     SEL_BLOCK: tl.constexpr,
@@ -222,7 +226,8 @@ def _forward_stats_kernel(
         kept_t = (tl.where(b_t < 0, b_t ^ 0x7FFFFFFF, b_t).to(tl.int64) > thr_key).to(tl.float32)
         tl.store(keptt_ptr + row, kept_t)
 
-    # pass 3: sums without the target column
+    # pass 3: sums without the target column; with a clamp, the kept set's bits (BLOCK is a multiple of 8, so each
+    # block fills whole bytes)
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_sy = tl.zeros([BLOCK], tl.float32)
     acc_sc = tl.zeros([BLOCK], tl.float32)
@@ -239,9 +244,14 @@ def _forward_stats_kernel(
         if HAS_CLAMP:
             bz = z.to(tl.int32, bitcast=True)
             kz = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz).to(tl.int64)
-            ek = tl.where(kz > thr_key, e, 0.0)
+            kept = msk & (kz > thr_key)
+            ek = tl.where(kept, e, 0.0)
             acc_sc += ek
             acc_syc += ek * y
+            bit = kept.to(tl.int32) << (tl.arange(0, BLOCK) % 8)
+            packed = tl.xor_sum(tl.reshape(bit, [BLOCK // 8, 8]), axis=1)  # distinct bits: the sum is their OR
+            byte = start // 8 + tl.arange(0, BLOCK // 8)
+            tl.store(bits_ptr + row * stride_bits + byte, packed.to(tl.uint8), mask=byte < (n_cols + 7) // 8)
     tl.store(s_ptr + row, tl.sum(acc_s, axis=0))
     tl.store(sy_ptr + row, tl.sum(acc_sy, axis=0))
     if HAS_CLAMP:
@@ -260,7 +270,8 @@ def _grad_tile_kernel(
     neg_logs_ptr,
     a0_ptr,
     b0_ptr,
-    thr_ptr,
+    bits_ptr,
+    stride_bits,
     da_ptr,
     db_ptr,
     g_lp_ptr,
@@ -289,10 +300,9 @@ def _grad_tile_kernel(
         c += b0 * y
         rest += tl.load(g_h_ptr + row) * (y - tl.load(ybar_ptr + row))
     if HAS_CLAMP:
-        bz = z.to(tl.int32, bitcast=True)
-        b_thr = tl.load(thr_ptr + row).to(tl.int32, bitcast=True)
-        # compare in key order (the forward's order): int32 keys whose signed order is the float order
-        kept = tl.where(bz < 0, bz ^ 0x7FFFFFFF, bz) > tl.where(b_thr < 0, b_thr ^ 0x7FFFFFFF, b_thr)
+        col = offs + vocab_start
+        byte = tl.load(bits_ptr + row * stride_bits + col // 8, mask=msk, other=0).to(tl.int32)
+        kept = ((byte >> (col % 8)) & 1) != 0
         c += tl.where(kept, tl.load(da_ptr + row) + tl.load(db_ptr + row) * y, 0.0)
         rest += tl.where(kept, tl.load(g_cr_ptr + row) * (y - tl.load(ybar_c_ptr + row)), 0.0)
     g = p * c
@@ -306,7 +316,7 @@ def _grad_tile_kernel(
 
 
 def _block(n_cols: int) -> int:
-    return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))
+    return min(1024, max(16, triton.next_power_of_2(n_cols) // 2))  # a multiple of 8: whole bytes of kept bits
 
 
 def _window_cap(vocab: int) -> int:
@@ -337,9 +347,17 @@ def window_span(k: int, vocab: int) -> int:
     return math.ceil(SELECTION.span_sigmas * math.sqrt(SELECTION.sample * q * (1 - q))) + 2
 
 
-def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Tensor | None = None):
+def forward_stats(
+    z: torch.Tensor,
+    targets: torch.Tensor,
+    k: int,
+    work: torch.Tensor | None = None,
+    kept_bits: torch.Tensor | None = None,
+):
     """Same outputs as `_torch_ops.forward_stats`; ``z`` is left unchanged. ``work``: with a clamp, an fp32 buffer of
-    at least ``n * scratch_per_row(V)`` elements for the selection (allocated when None or smaller)."""
+    at least ``n * scratch_per_row(V)`` elements for the selection (allocated when None or smaller). ``kept_bits``:
+    with a clamp, where the kept set's bits go (n, ``_torch_ops.kept_bytes(V)``) uint8, row stride free (a scratch
+    one when None)."""
     n, vocab = z.shape
     f32 = dict(dtype=torch.float32, device=z.device)
     out = {name: torch.empty(n, **f32) for name in ("m", "y_t", "s_rest", "sy_rest")}
@@ -351,6 +369,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
     per_row = scratch_per_row(vocab) if k > 0 else 0
     if k > 0 and (work is None or work.numel() < n * per_row):
         work = torch.empty(n * per_row, **f32)
+    if k > 0 and kept_bits is None:
+        kept_bits = torch.empty(n, (vocab + 7) // 8, dtype=torch.uint8, device=z.device)
     _forward_stats_kernel[(n,)](
         z,
         z.stride(0),
@@ -369,6 +389,8 @@ def forward_stats(z: torch.Tensor, targets: torch.Tensor, k: int, work: torch.Te
         out.get("kept_t", dummy),
         out.get("sc_rest", dummy),
         out.get("syc_rest", dummy),
+        kept_bits if k > 0 else dummy,
+        kept_bits.stride(0) if k > 0 else 0,
         HAS_CLAMP=k > 0,
         BLOCK=_block(vocab),
         **_selection_config(vocab),
@@ -384,7 +406,7 @@ def grad_tile(z, vocab_start, targets, coef, work=None):
         return z
     dummy = coef["m"]
     block = _block(width)
-    has_clamp = "thr" in coef
+    has_clamp = "kept_bits" in coef
     _grad_tile_kernel[(n, triton.cdiv(width, block))](
         z,
         z.stride(0),
@@ -395,7 +417,8 @@ def grad_tile(z, vocab_start, targets, coef, work=None):
         coef["neg_logs"],
         coef["a0"],
         coef.get("b0", dummy),
-        coef.get("thr", dummy),
+        coef.get("kept_bits", dummy),
+        coef["kept_bits"].stride(0) if has_clamp else 0,
         coef.get("da", dummy),
         coef.get("db", dummy),
         coef.get("g_lp", dummy),

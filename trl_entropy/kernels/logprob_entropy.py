@@ -10,8 +10,9 @@ TRL's fused head does it), and ``z = y / T``:
   ``top_p``, over SIREN's top-p set of the row (``_top_p.py``)
 
 Rows (tokens) are processed ``chunk_size`` at a time; only one chunk of logits exists at any moment, forward or
-backward. The forward keeps a few floats per token; the backward recomputes the logits, in the forward's chunks where
-a kept set enters the gradient and in taller blocks of the same size otherwise (``_backward_blocks``).
+backward. The forward keeps a few floats per token, and with a kept set (the clamp's or the top-p set) that set as
+one bit per logit; the backward recomputes the logits in blocks of the same size as a chunk, taller where the chunk
+allows (``_backward_blocks``), and reads the kept set from its bits.
 """
 
 from __future__ import annotations
@@ -235,15 +236,16 @@ def _finalize(stats: dict[str, torch.Tensor]):
             # log sum_K e = +inf makes the backward's r = sum e / sum_K e exactly 0, hence every coefficient of the set
             logs_c = logs_c.masked_fill(empty, math.inf)
             ybar_c = ybar_c.masked_fill(empty, 0.0)
-        saved.update(thr=stats["thr"], logs_c=logs_c, ybar_c=ybar_c)
+        saved.update(logs_c=logs_c, ybar_c=ybar_c)
     else:
         clamped = entropy.clone()
     return log_probs, entropy, clamped, saved
 
 
 def _backward_coefficients(saved, g_lp, g_h, g_c):
-    """Per-token coefficients of dL/dz = p * (a0 + b0 y) [+ kept * p * (da + db y)] (+ the target entry)."""
-    if "thr" not in saved and g_c is not None:  # no kept set: the third output is the entropy
+    """Per-token coefficients of dL/dz = p * (a0 + b0 y) [+ kept * p * (da + db y)] (+ the target entry), and the
+    kept set's bits (n, bytes) where the kept set enters the gradient."""
+    if "kept_bits" not in saved and g_c is not None:  # no kept set: the third output is the entropy
         g_h = g_c if g_h is None else g_h + g_c
         g_c = None
     ybar = saved["ybar"]
@@ -261,25 +263,26 @@ def _backward_coefficients(saved, g_lp, g_h, g_c):
     if g_c is not None:
         # pi~_a = p_a * s / s_c: r = exp(log s - log s_c)
         g_cr = g_c * torch.exp(-saved["neg_logs"] - saved["logs_c"])
-        coef.update(thr=saved["thr"], g_cr=g_cr, ybar_c=saved["ybar_c"], da=-g_cr * saved["ybar_c"], db=g_cr)
+        coef.update(
+            kept_bits=saved["kept_bits"], g_cr=g_cr, ybar_c=saved["ybar_c"], da=-g_cr * saved["ybar_c"], db=g_cr
+        )
     coef["a0"] = a0
     return {name: t.contiguous() for name, t in coef.items()}
 
 
-def _backward_blocks(n_tokens: int, vocab: int, chunk_size: int, tile: int, kept_set: bool) -> tuple[int, int]:
-    """(tokens, vocabulary entries) of each block the backward recomputes: the forward's chunk and weight tile, or
-    taller blocks of at most the forward's chunk of logits (``chunk_size x vocab`` entries).
+def _backward_blocks(n_tokens: int, vocab: int, chunk_size: int, tile: int) -> tuple[int, int]:
+    """(tokens, vocabulary entries) of each block the backward recomputes, at most the forward's chunk of logits
+    (``chunk_size x vocab`` entries): the forward's chunk and weight tile, or taller blocks.
 
-    With a kept set in the gradient (the clamp's or the top-p set: ``z > thr``), the forward's chunks and tiles, so
-    that the recomputed logits are the forward's bit for bit and the kept set is the same. Without one, a last-bit
-    difference only moves a gradient by a rounding, so the blocks are up to ``BACKWARD_TOKEN_BLOCK`` tokens tall and
-    at least ``BACKWARD_MIN_WIDTH`` wide where the budget allows (at most the weight tile ``tile``, a multiple of 256
-    entries where wider): the weight gradient, ``V x d`` fp32, is read and written once per token block instead of
-    once per chunk.
+    A recompute in blocks of another shape may round a logit differently in its last bit. That moves a gradient by a
+    rounding only: a kept set comes from the forward's bits, not from the recomputed logits. So the blocks are up to
+    ``BACKWARD_TOKEN_BLOCK`` tokens tall and at least ``BACKWARD_MIN_WIDTH`` wide where the budget allows (at most the
+    weight tile ``tile``, a multiple of 256 entries where wider): the weight gradient, ``V x d`` fp32, is read and
+    written once per token block instead of once per chunk.
     """
     budget = chunk_size * vocab
     rows = min(n_tokens, BACKWARD_TOKEN_BLOCK, budget // min(BACKWARD_MIN_WIDTH, vocab))
-    if kept_set or rows <= chunk_size:
+    if rows <= chunk_size:
         return chunk_size, tile
     width = min(tile, vocab, budget // rows)
     return rows, width - width % 256 if width >= 256 else width  # whole 256-column tiles for the GEMMs but the last
@@ -289,7 +292,7 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
     """The backward's block loop: recompute each block's ``z``, turn it into ``dL/dy``, accumulate the gradients."""
     device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
     logit_map = ctx.logit_map
-    block_rows, block_width = _backward_blocks(n_tokens, vocab, ctx.chunk_size, ctx.tile, "thr" in coef_all)
+    block_rows, block_width = _backward_blocks(n_tokens, vocab, ctx.chunk_size, ctx.tile)
     fast, full_precision = ctx.fast, ctx.full_precision
     bias32 = bias.float() if bias is not None else None
     rows_max = min(block_rows, n_tokens)
@@ -366,6 +369,10 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             else:  # the selection's scratch rows (none without a clamp)
                 scratch = rows_max * ops.scratch_per_row(vocab) if k > 0 else 0
                 work = torch.empty(scratch, device=device, dtype=torch.float32)
+            # the kept set, one bit per logit, for the backward (the clamp's or the top-p set)
+            kept_set = k > 0 or top_p is not None
+            kept_bytes = _torch_ops.kept_bytes(vocab)
+            kept_bits = torch.empty(n_tokens if kept_set else 0, kept_bytes, device=device, dtype=torch.uint8)
             for r0 in range(0, n_tokens, chunk_size):
                 r1 = min(r0 + chunk_size, n_tokens)
                 n = r1 - r0
@@ -379,10 +386,12 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
                         _chunk_logits(h, w, b, logit_map, z)
                     else:
                         z[:, v0:v1] = _chunk_logits(h, w, b, logit_map, tile_buf[: n * (v1 - v0)].view(n, v1 - v0))
-                stats = ops.forward_stats(z, targets[r0:r1], k, work)  # without a clamp, z is left unchanged
+                bits = kept_bits[r0:r1] if k > 0 else None
+                stats = ops.forward_stats(z, targets[r0:r1], k, work, bits)  # without a clamp, z is left unchanged
                 if top_p is not None:
                     log_sum_e = _log_sum_e(stats["y_t"], stats["s_rest"])
                     stats.update(top_p_stats(z, targets[r0:r1], stats["m"], log_sum_e, top_p))
+                    _torch_ops.pack_kept(_torch_ops.kept_mask(z, stats["thr"]), kept_bits[r0:r1])
                 for name, value in stats.items():
                     chunks.setdefault(name, []).append(value)
             names = ("m", "y_t", "s_rest", "sy_rest")
@@ -394,6 +403,8 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
                 name: torch.cat(chunks[name]) if name in chunks else torch.empty(0, device=device) for name in names
             }
             log_probs, entropy, clamped, saved = _finalize(stats_all)
+            if kept_set:
+                saved["kept_bits"] = kept_bits
 
         ctx.logit_map = logit_map
         ctx.chunk_size = chunk_size
