@@ -7,22 +7,22 @@ from setuptools import find_packages, setup
 ROOT = Path(__file__).parent
 
 
-def read_trl_requirement() -> str:
-    """The supported TRL range, written once in trl_entropy/core/trl/pin.py (which checks it again at import), read
-    from the file's text: setup.py runs before the dependencies are installed, so it cannot import the package."""
-    path = ROOT / "trl_entropy" / "core" / "trl" / "pin.py"
+def read_assignment(path: Path, name: str) -> str:
+    """The string a module assigns to ``name``, read from its text: setup.py runs before the dependencies are
+    installed, so it cannot import the package."""
     for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
         names = [target.id for target in getattr(node, "targets", []) if isinstance(target, ast.Name)]
-        if isinstance(node, ast.Assign) and names == ["TRL_REQUIREMENT"]:
+        if isinstance(node, ast.Assign) and names == [name]:
             return ast.literal_eval(node.value)
-    raise RuntimeError(f"{path} assigns no TRL_REQUIREMENT string")
+    raise RuntimeError(f"{path} assigns no {name} string")
 
 
-TRL_REQUIREMENT = read_trl_requirement()
+TRL_REQUIREMENT = read_assignment(ROOT / "trl_entropy" / "core" / "trl" / "pin.py", "TRL_REQUIREMENT")
+VERSION = read_assignment(ROOT / "trl_entropy" / "__init__.py", "__version__")  # written once, in the package
 
 setup(
     name="trl-entropy",
-    version="0.1.0",
+    version=VERSION,
     # Names no method: the registry (trl_entropy/methods/__init__.py) and the README list them.
     description="Entropy-control trainers for Hugging Face TRL: drop-in replacements for trl.GRPOTrainer",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),

@@ -26,7 +26,7 @@ _PUBLIC = {
     "pass_at_k_values": ".evaluation",
 }
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 
 def _method_names() -> dict:

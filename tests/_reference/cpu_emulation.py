@@ -16,8 +16,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trl_entropy.kernels import logprob_entropy
-
 
 class TensorAllocations(TorchDispatchMode):
     """Storages allocated by ATen ops inside the ``with`` block (forward and backward alike).
@@ -66,13 +64,18 @@ class TensorAllocations(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def emulate_fp32_output_gemm(allocations: TensorAllocations | None = None):
+def emulate_fp32_output_gemm(allocations: TensorAllocations | None = None, logprob_entropy=None):
     """Run the kernel's CUDA bf16/fp16 path on CPU tensors. Yields the list of emulated GEMM calls.
+
+    ``logprob_entropy``: the kernel module whose path is switched (default ``trl_entropy.kernels.logprob_entropy``; the
+    Triton interpreter script passes its standalone copy, loaded without the package).
 
     ``torch.mm``/``torch.addmm`` with ``out_dtype=torch.float32`` are emulated (operands upcast to fp32, product
     accumulated in fp32); the fp32 operand copies are an artefact of the emulation (the CUDA GEMM reads bf16 directly)
     and are not recorded in ``allocations``. A result the real op would allocate (no ``out=``) is recorded.
     """
+    if logprob_entropy is None:
+        from trl_entropy.kernels import logprob_entropy
     original_mm, original_addmm, original_fast_half = torch.mm, torch.addmm, logprob_entropy._fast_half
     calls: list[str] = []
     not_recorded = allocations.paused if allocations is not None else contextlib.nullcontext

@@ -10,6 +10,7 @@ import pytest
 import torch
 from _reference.cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
 from _reference.float64_reference import reference
+from _reference.grad_tile_rounding import check_grad_tile_rounds_like_torch
 from _reference.kernel_reference import naive_logprob_entropy
 
 import trl_entropy.kernels.logprob_entropy as lpe
@@ -172,10 +173,12 @@ def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, logit_map, monkeypatch):
     assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=1e-2)
 
 
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("logit_map", [{}, dict(logit_scale=0.25, final_logit_softcapping=2.0)])
-def test_fp32_output_matmul_path_for_half_weights(logit_map):
-    """The CUDA bf16 path (GEMMs with bf16 operands and fp32 output), emulated exactly on the CPU."""
-    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=12)
+def test_fp32_output_matmul_path_for_half_weights(logit_map, with_bias):
+    """The CUDA bf16 path (GEMMs with bf16 operands and fp32 output), emulated exactly on the CPU. Without a bias the
+    gradient step writes the GEMMs' bf16 operand itself; with one, the bias gradient sums the fp32 gradient first."""
+    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=12, bias=with_bias)
     with emulate_fp32_output_gemm() as calls:
         out, grads, ref, ref_grads = run_both(
             hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=8, **logit_map
@@ -402,6 +405,24 @@ def test_forward_saves_only_inputs_per_token_floats_and_the_kept_bits(kwargs, bi
     per_token = [t for t in saved if t.data_ptr() not in inputs and t.dtype != torch.uint8]
     assert len(per_token) <= 8
     sum(o.sum() for o in out).backward()
+
+
+def test_grad_tile_rounds_its_half_output_like_a_separate_product():
+    """The torch path's ``grad_tile`` with ``out``: the same bits as its fp32 gradient times ``scale`` rounded by a
+    separate ``torch.mul`` (the Triton kernel's own check: ``check_grad_tile_rounds_like_torch``)."""
+    check_grad_tile_rounds_like_torch(_torch_ops_with_scratch())
+
+
+def _torch_ops_with_scratch():
+    """``_torch_ops`` with the Triton path's ``grad_tile`` signature (its ``work`` buffer allocated per call)."""
+
+    class Ops:
+        @staticmethod
+        def grad_tile(z, vocab_start, targets, coef, work=None, dtanh=None, out=None, scale=1.0):
+            work = torch.empty(3 * z.numel()) if work is None else work
+            return _torch_ops.grad_tile(z, vocab_start, targets, coef, work, dtanh, out, scale)
+
+    return Ops
 
 
 @pytest.mark.parametrize("vocab", [1, 8, 13, 301])

@@ -28,6 +28,7 @@ import pytest
 import torch
 from _reference.clamp_boundary import TIE_CASES, check_clamp_on_ties
 from _reference.float64_reference import reference
+from _reference.grad_tile_rounding import check_grad_tile_rounds_like_torch
 
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "trl_entropy" / "kernels"
@@ -106,6 +107,7 @@ def interpreter_checks() -> None:
 
     hidden, weight, bias, targets = _inputs()
     all_subsets = [s for r in (1, 2, 3) for s in itertools.combinations(OUTPUTS, r)]
+    soft = dict(final_logit_softcapping=2.0, logit_scale=0.25, temperature=0.7)
 
     # values and gradients: clamp 0 / 0.3 / 0.9, temperatures, chunk sizes (8 rows: 5 and 7 leave a partial chunk)
     _check(kernels, hidden, weight, bias, targets, clamp_fraction=0.0, temperature=1.0, chunk_size=5)
@@ -188,6 +190,18 @@ def interpreter_checks() -> None:
     hb, wb, bb, tb = _inputs(dtype=torch.bfloat16, seed=3)
     _check(kernels, hb, wb, bb, tb, rtol_grad=1e-2, clamp_fraction=0.3, chunk_size=7)
     done("bf16 inputs")
+
+    # the CUDA bf16 path (fp32-output GEMMs, emulated): without a bias the gradient kernel writes the GEMMs' bf16
+    # operand itself; with one, a separate product rounds the fp32 gradient the bias gradient sums
+    from _reference.cpu_emulation import emulate_fp32_output_gemm
+
+    for b in (None, bb):
+        with emulate_fp32_output_gemm(logprob_entropy=kernels.logprob_entropy) as calls:
+            _check(kernels, hb, wb, b, tb, rtol_grad=2e-2, clamp_fraction=0.3, chunk_size=7, **soft)
+        assert calls, "the fp32-output GEMM path was not taken"
+    done("bf16 CUDA path (emulated), with and without a bias")
+    check_grad_tile_rounds_like_torch(ops)
+    done("the gradient kernel's bf16 operand = torch's product and rounding, bit for bit")
 
     # the clamped set: weight = I, so d(loss)/d(hidden) = d(loss)/dz; dropped entries get exactly 0
     vocab, n = 97, 6
@@ -294,6 +308,9 @@ _INT_ARGS = {
     "scratch_per_row": "i32",
     "window_cap": "i32",
     "stride_bits": "i64",
+    "stride_dtanh": "i64",
+    "stride_out": "i64",
+    "scale": "fp32",
 }
 
 
@@ -306,6 +323,8 @@ def _signature(kernel, constexprs):
             sig[name] = "*i64"
         elif name == "bits_ptr":
             sig[name] = "*u8"
+        elif name == "out_ptr":
+            sig[name] = "*bf16" if constexprs.get("OUT_BF16") else "*fp32"
         else:
             sig[name] = _INT_ARGS.get(name, "*fp32")
     return sig
@@ -330,9 +349,21 @@ def test_triton_kernels_compile_for_cuda():
         for clamp in (True, False) if arch == 90 else (True,):
             consts = {"HAS_CLAMP": clamp, "BLOCK": 1024, **ops._selection_config(151936)}
             variants.append((arch, ops._forward_stats_kernel, consts))
-        flags = [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]
-        for has_lp, has_h, has_clamp in flags if arch == 90 else flags[:1]:
-            consts = {"HAS_LP": has_lp, "HAS_H": has_h, "HAS_CLAMP": has_clamp, "BLOCK": 1024}
+        flags = [
+            (True, True, True, True, True),
+            (True, False, False, False, False),
+            (False, True, False, True, False),
+            (False, False, True, False, True),
+        ]
+        for has_lp, has_h, has_clamp, has_dtanh, out_bf16 in flags if arch == 90 else flags[:1]:
+            consts = {
+                "HAS_LP": has_lp,
+                "HAS_H": has_h,
+                "HAS_CLAMP": has_clamp,
+                "HAS_DTANH": has_dtanh,
+                "OUT_BF16": out_bf16,
+                "BLOCK": 1024,
+            }
             variants.append((arch, ops._grad_tile_kernel, consts))
     for arch, kernel, consts in variants:
         src = ASTSource(fn=kernel, signature=_signature(kernel, consts), constexprs=consts)

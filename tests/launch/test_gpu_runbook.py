@@ -52,7 +52,7 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     text = report.read_text()
     for line in ("* command: `bash benchmarks/gpu_runbook.sh --dry-run", "* device: CPU dry run", "* versions: "):
         assert line in text, line
-    assert "6 passed" in text, text
+    assert "8 passed" in text, text
     assert "| defaults | " in text and "| = kthvalue |" in text and "**wrong**" not in text, text
     for method in (
         "naive full logits",

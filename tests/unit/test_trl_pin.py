@@ -35,6 +35,15 @@ def test_setup_py_requires_exactly_the_trl_range_the_import_checks(monkeypatch):
     assert [line for line in requires if Requirement(line).name == "trl"] == [TRL_REQUIREMENT]
 
 
+def test_setup_py_takes_the_packages_version(monkeypatch):
+    """The version is written once, ``trl_entropy.__version__``; setup.py reads it from the file's text."""
+    import trl_entropy
+
+    version = trl_entropy.__version__
+    assert setup_keywords(monkeypatch)["version"] == version
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+
+
 def test_the_import_check_uses_the_requirements_bounds():
     specifier = Requirement(TRL_REQUIREMENT).specifier
     assert SpecifierSet(f">={TRL_MIN},<{TRL_MAX_EXCLUSIVE}") == specifier

@@ -133,10 +133,16 @@ def grad_tile(
     targets: torch.Tensor,
     coef: dict[str, torch.Tensor],
     work: torch.Tensor,
+    dtanh: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Gradient of the loss w.r.t. one tile of logits ``z`` (n, w) (columns ``vocab_start:vocab_start + w``).
 
-    ``z`` is destroyed; the gradient is returned in a buffer carved from ``work`` (fp32, >= 3 * z.numel()).
+    ``z`` is destroyed; the gradient is returned in a buffer carved from ``work`` (fp32, >= 3 * z.numel()). With the
+    soft-cap's ``dtanh`` (n, w) it is ``dL/dy = dL/dz * dtanh``. With ``out`` (n, w, the GEMMs' half-precision
+    operand) it is ``scale * dL/dy``, rounded into ``out`` (one fp32 product, then the rounding), and ``out`` is
+    returned.
     ``coef`` holds the per-row vectors prepared by ``logprob_entropy._backward_coefficients``:
 
     * always ``m``, ``neg_logs`` (``-log sum e``), ``a0`` and optional ``b0`` (the non-clamped coefficient
@@ -161,7 +167,9 @@ def grad_tile(
         coef_b = {name: t[r0:r1] for name, t in coef.items()}
         rows_db = None if db_rows is None else db_rows[r0:r1]
         _grad_rows(z[r0:r1], vocab_start, targets[r0:r1], coef_b, p[r0:r1], c, d, rows_db)
-    return p
+    if dtanh is not None:
+        p.mul_(dtanh)
+    return p if out is None else torch.mul(p, scale, out=out)
 
 
 def _grad_rows(z, vocab_start, targets, coef, p, c, d, db_rows=None):

@@ -24,8 +24,8 @@ are compared as int32 sort keys whose integer order is the float order (negative
    entry (the layout of ``_torch_ops.pack_kept``).
 
 ``_grad_tile_kernel``, one program per (token, block of columns): recomputes ``p`` from the saved row statistics and
-overwrites the logits block with ``dL/dz`` (the gradient GEMMs then run in torch/cuBLAS); the kept set is the
-forward's, read from its bits.
+overwrites the logits block with ``dL/dy`` (the gradient GEMMs then run in torch/cuBLAS), or writes it scaled and
+rounded to the GEMMs' half-precision operand; the kept set is the forward's, read from its bits.
 """
 
 from __future__ import annotations
@@ -280,9 +280,16 @@ def _grad_tile_kernel(
     ybar_ptr,
     g_cr_ptr,
     ybar_c_ptr,
+    dtanh_ptr,
+    stride_dtanh,
+    out_ptr,
+    stride_out,
+    scale,
     HAS_LP: tl.constexpr,
     HAS_H: tl.constexpr,
     HAS_CLAMP: tl.constexpr,
+    HAS_DTANH: tl.constexpr,
+    OUT_BF16: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -312,7 +319,18 @@ def _grad_tile_kernel(
         g_t += tl.load(g_lp_ptr + row) * tl.load(om_ptr + row)
     is_t = (offs + vocab_start) == tl.load(tgt_ptr + row)
     g = tl.where(is_t, g_t, g)
-    tl.store(ptrs, g, mask=msk)
+    if HAS_DTANH:  # the soft-cap's 1 / cosh(u)^2: dL/dz -> dL/dy, one fp32 rounding as a separate product makes
+        g = g * tl.load(dtanh_ptr + row * stride_dtanh + offs, mask=msk, other=0.0)
+    g = g * scale  # 1.0 (exact) unless the output is the GEMMs' bf16 operand
+    if OUT_BF16:
+        # round to nearest even on the bits, as torch rounds fp32 to bf16 (NaN to the quiet NaN), so that the bits
+        # are the same on a GPU and under the interpreter, whose float conversions truncate
+        bits = g.to(tl.int32, bitcast=True)
+        half = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+        half = tl.where(g != g, 0x7FC0, half)
+        tl.store(out_ptr + row * stride_out + offs, half.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=msk)
+    else:
+        tl.store(out_ptr + row * stride_out + offs, g, mask=msk)
 
 
 def _block(n_cols: int) -> int:
@@ -399,11 +417,16 @@ def forward_stats(
     return out
 
 
-def grad_tile(z, vocab_start, targets, coef, work=None):
-    """Same contract as `_torch_ops.grad_tile`; writes the gradient into ``z`` and returns it."""
+def grad_tile(z, vocab_start, targets, coef, work=None, dtanh=None, out=None, scale=1.0):
+    """Same contract as `_torch_ops.grad_tile`; writes the gradient into ``z`` (or a bf16 ``out``, in the same pass)
+    and returns it."""
     n, width = z.shape
+    if out is not None and out.dtype != torch.bfloat16:  # fp16: torch's product rounds it
+        return torch.mul(grad_tile(z, vocab_start, targets, coef, work, dtanh), scale, out=out)
+    if out is None:
+        out, scale = z, 1.0
     if n == 0 or width == 0:
-        return z
+        return out
     dummy = coef["m"]
     block = _block(width)
     has_clamp = "kept_bits" in coef
@@ -427,9 +450,16 @@ def grad_tile(z, vocab_start, targets, coef, work=None):
         coef.get("ybar", dummy),
         coef.get("g_cr", dummy),
         coef.get("ybar_c", dummy),
+        dtanh if dtanh is not None else dummy,
+        dtanh.stride(0) if dtanh is not None else 0,
+        out,
+        out.stride(0),
+        float(scale),
         HAS_LP="g_lp" in coef,
         HAS_H="b0" in coef,
         HAS_CLAMP=has_clamp,
+        HAS_DTANH=dtanh is not None,
+        OUT_BF16=out.dtype == torch.bfloat16,
         BLOCK=block,
     )
-    return z
+    return out

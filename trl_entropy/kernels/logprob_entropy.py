@@ -167,9 +167,10 @@ def _chunk_logits(h, w, b, logit_map, out, dtanh=None):
 def _accumulate_grads(g, h, w, grad_h, grad_w, grad_b, alpha, g_half):
     """``grad_h += alpha g @ w``, ``grad_w += alpha g.T @ h``, ``grad_b += alpha sum_rows(g)``, in place, fp32.
 
-    ``g`` (n, width) is fp32. ``g_half`` (a buffer of ``g``'s shape, ``w``'s dtype) is given on the bf16/fp16 CUDA
-    path: ``alpha g`` is rounded into it and multiplied with fp32 output straight into the accumulators, so no
-    temporary of an accumulator's size (``V x d`` for the weight) is ever allocated.
+    ``g`` (n, width) is fp32, or on the bf16/fp16 CUDA path ``alpha g`` already rounded to ``w``'s dtype (then
+    ``g_half`` is ``g`` itself and there is no ``grad_b``). ``g_half`` (a buffer of ``g``'s shape, ``w``'s dtype) is
+    given on that path: ``alpha g`` is rounded into it and multiplied with fp32 output straight into the accumulators,
+    so no temporary of an accumulator's size (``V x d`` for the weight) is ever allocated.
     """
     if grad_b is not None:
         grad_b.add_(g.sum(0), alpha=alpha)
@@ -179,7 +180,8 @@ def _accumulate_grads(g, h, w, grad_h, grad_w, grad_b, alpha, g_half):
         if grad_w is not None:
             grad_w.addmm_(g.t(), h, alpha=alpha)
         return
-    g_half = torch.mul(g, alpha, out=g_half)
+    if g is not g_half:
+        g_half = torch.mul(g, alpha, out=g_half)
     if grad_h is not None:
         torch.addmm(grad_h, g_half, w, out_dtype=torch.float32, out=grad_h)
     if grad_w is not None:
@@ -314,9 +316,13 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
             b = bias32[v0:v1] if bias32 is not None else None
             dtanh = dtanh_buf[: n * width].view(n, width) if dtanh_buf is not None else None
             z = _chunk_logits(h, w, b, logit_map, zbuf[: n * width].view(n, width), dtanh)
-            g = ops.grad_tile(z, v0, tgt, coef, work)  # dL/dz
-            if dtanh is not None:
-                g.mul_(dtanh)
+            g_half = half_buf[: n * width].view(n, width) if half_buf is not None else None
+            if g_half is not None and grad_b is None:
+                # alpha dL/dy rounded to the GEMMs' operand in the gradient's own pass (the bias gradient, when there
+                # is one, sums the fp32 values instead)
+                g = ops.grad_tile(z, v0, tgt, coef, work, dtanh, out=g_half, scale=logit_map.grad_scale)
+            else:
+                g = ops.grad_tile(z, v0, tgt, coef, work, dtanh)  # dL/dy
             _accumulate_grads(
                 g,
                 h,
@@ -325,7 +331,7 @@ def _recompute_and_accumulate(ctx, ops, hidden, weight, bias, targets, coef_all,
                 grad_w[v0:v1] if grad_w is not None else None,
                 grad_b[v0:v1] if grad_b is not None else None,
                 logit_map.grad_scale,
-                half_buf[: n * width].view(n, width) if half_buf is not None else None,
+                g_half,
             )
 
 
