@@ -319,7 +319,7 @@ def _grad_tile_kernel(
         g_t += tl.load(g_lp_ptr + row) * tl.load(om_ptr + row)
     is_t = (offs + vocab_start) == tl.load(tgt_ptr + row)
     g = tl.where(is_t, g_t, g)
-    if HAS_DTANH:  # the soft-cap's 1 / cosh(u)^2: dL/dz -> dL/dy, one fp32 rounding as a separate product makes
+    if HAS_DTANH:  # the soft-cap's 1 / cosh(u)^2 (dL/dz -> dL/dy): one fp32 product, rounded as torch's would be
         g = g * tl.load(dtanh_ptr + row * stride_dtanh + offs, mask=msk, other=0.0)
     g = g * scale  # 1.0 (exact) unless the output is the GEMMs' bf16 operand
     if OUT_BF16:
