@@ -18,22 +18,27 @@ def grad_tile_coefficients(n, columns, seed=0):
 
 
 def check_grad_tile_rounds_like_torch(ops):
-    """The gradient kernel's half-precision output, ``scale * dL/dz * dtanh`` rounded to bf16 in the kernel, equals
-    the fp32 gradient it writes otherwise, times ``dtanh`` and ``scale`` in torch and rounded by torch, bit for bit
-    (one fp32 rounding per product, round-to-nearest-even to bf16). Columns 100 to 400 of a 450-entry row."""
+    """The gradient step's half-precision output, ``scale * dL/dz * dtanh`` rounded to bf16 (in the Triton kernel) or
+    fp16, equals the fp32 gradient it writes otherwise, times ``dtanh`` and ``scale`` in torch and rounded by torch,
+    bit for bit (one fp32 rounding per product, round-to-nearest-even). Columns 100 to 400 of a 450-entry row. Each
+    call gets its own ``work`` buffer (the torch path returns its fp32 gradient in it; the Triton path needs none)."""
     n, start, width = 6, 100, 300
     g = torch.Generator().manual_seed(9)
     z = torch.randn(n, width, generator=g) * 2
     targets = torch.tensor([0, 150, 399, 5, 250, 449])  # in the tile, at its ends, before and after it
     dtanh = torch.rand(n, width, generator=g)
     coef = grad_tile_coefficients(n, 450)
-    for scale in (1.0, 0.3, 1 / 7):
-        fused = ops.grad_tile(
-            z.clone(), start, targets, coef, None, dtanh, torch.empty(n, width, dtype=torch.bfloat16), scale
-        )
-        fp32 = ops.grad_tile(z.clone(), start, targets, coef, None, dtanh)
-        assert fp32.dtype == torch.float32
-        want = torch.mul(fp32, scale, out=torch.empty(n, width, dtype=torch.bfloat16))
-        assert torch.equal(fused, want), f"scale {scale}: {(fused.float() - want.float()).abs().max()}"
-        bare = ops.grad_tile(z.clone(), start, targets, coef)  # no dtanh: dL/dz
-        assert torch.equal(bare * dtanh, fp32), "dtanh is one fp32 product"
+
+    def work():
+        return torch.empty(3 * n * width)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for scale in (1.0, 0.3, 1 / 7):
+            half = torch.empty(n, width, dtype=dtype)
+            fused = ops.grad_tile(z.clone(), start, targets, coef, work(), dtanh, half, scale)
+            fp32 = ops.grad_tile(z.clone(), start, targets, coef, work(), dtanh)
+            assert fused is half and fp32.dtype == torch.float32
+            want = torch.mul(fp32, scale, out=torch.empty(n, width, dtype=dtype))
+            assert torch.equal(fused, want), f"{dtype}, scale {scale}: {(fused.float() - want.float()).abs().max()}"
+            bare = ops.grad_tile(z.clone(), start, targets, coef, work())  # no dtanh: dL/dz
+            assert torch.equal(bare * dtanh, fp32), "dtanh is one fp32 product"

@@ -368,7 +368,8 @@ class ChunkedLogProbEntropyFunction(torch.autograd.Function):
             bias32 = bias.float() if bias is not None else None
             rows_max = min(chunk_size, n_tokens)
             zbuf = torch.empty(rows_max * vocab, device=device, dtype=torch.float32)
-            # upcast tiles are computed in a buffer of the backward's tile shape, so that they round the same way
+            # upcast tiles are computed in a contiguous buffer of the tile's shape (a column slice of the chunk is
+            # not one) and copied into the chunk
             tile_buf = torch.empty(rows_max * tile, device=device, dtype=torch.float32) if tile < vocab else None
             if backend == "torch":
                 work = torch.empty(2 * zbuf.numel(), device=device, dtype=torch.float32)
