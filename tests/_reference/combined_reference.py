@@ -138,8 +138,10 @@ def regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, 
     return method_regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, s)
 
 
-def combined_loss(model, inputs, rewards, names, s):
-    """The loss of one training micro-batch of ``names`` combined (dapo, accumulation 1), with its graph."""
+def combined_loss(model, inputs, rewards, names, s, sampling_ratio=None):
+    """The loss of one training micro-batch of ``names`` combined (dapo, accumulation 1), with its graph.
+    ``sampling_ratio``: TRL's vLLM importance-sampling ratio, which multiplies each token's policy loss after the
+    gates (per token, or per sequence with shape ``(B, 1)``)."""
     log_probs, entropy, logits = scores(model, inputs)
     mask = inputs["completion_mask"].double()
     old_log_probs = inputs["old_per_token_logps"].double()
@@ -149,5 +151,7 @@ def combined_loss(model, inputs, rewards, names, s):
     advantages = token_advantages(sequence_advantages, log_probs, entropy, names, s)
     per_token_loss = surrogate(log_probs, old_log_probs, advantages, mask, names, s)
     per_token_loss = gates(per_token_loss, log_probs, old_log_probs, entropy, old_entropy, advantages, mask, names, s)
+    if sampling_ratio is not None:
+        per_token_loss = per_token_loss * sampling_ratio.double()
     loss = (per_token_loss * mask).sum() / mask.sum()
     return loss + regulariser(log_probs, old_log_probs, entropy, logits, sequence_advantages, mask, names, s)

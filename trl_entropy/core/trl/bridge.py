@@ -40,6 +40,7 @@ from .drift import (
     check_trainer,
 )
 from .objectives import adaptive_entropy_coef_step
+from .vllm import check_plain_weights, check_vllm_arguments, plain_cpu_weights, vllm_on_cpu
 
 
 class TRLBridge(GRPOTrainer):
@@ -55,8 +56,14 @@ class TRLBridge(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         check_class(type(self), TRLBridge)
         self._scoring_calls = None  # (log-probs, entropy) of each scoring call, while a generation batch is made
-        super().__init__(model, reward_funcs, args, *positional, **keyword)
+        colocated_vllm = args is not None and args.use_vllm and args.vllm_mode == "colocate"
+        if args is not None and args.use_vllm:
+            check_vllm_arguments(args, model)
+        with plain_cpu_weights(colocated_vllm):
+            super().__init__(model, reward_funcs, args, *positional, **keyword)
         check_trainer(self, INSTANCE_ATTRIBUTES + PASS_AT_K_NAMES)
+        if colocated_vllm and vllm_on_cpu():
+            check_plain_weights(self.vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner.model)
         self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
         self.add_callback(self.loss_path)
 

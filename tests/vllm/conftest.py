@@ -1,0 +1,24 @@
+"""A real vLLM engine (vLLM's CPU build, colocate mode) generating for the trainers. These tests need vLLM installed:
+CI's vLLM lane (`.ci/run`) builds an environment with it as docs/distributed.md says, and runs this folder there.
+Elsewhere they are skipped, with that reason. Tiers (`_support/tiers.py`): launch (each run forks a child that builds
+its engine) unless named below."""
+
+import importlib.util
+
+import pytest
+from _support.tiers import mark_tier
+
+
+FILES = {"test_vllm_arguments.py": "pure"}
+TESTS = {"test_vllm_engine.py": {"test_the_captured_correction_reaches_each_methods_loss": "loss_step"}}
+VLLM_MISSING = (
+    "vLLM is not installed: CI's vLLM lane runs these in an environment with vLLM's CPU build "
+    "(docs/distributed.md, 'vLLM on a CPU')"
+)
+
+
+def pytest_itemcollected(item):
+    mark_tier(item, "launch", FILES, None, TESTS)
+    item.add_marker(pytest.mark.vllm)
+    if importlib.util.find_spec("vllm") is None:
+        item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
