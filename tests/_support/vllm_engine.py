@@ -10,10 +10,15 @@ import json
 import os
 
 import torch
+
 from _support.distributed_run import make_trainer
 from _support.process import run_forked
 
 
+VLLM_MISSING = (
+    "vLLM is not installed: CI's vLLM lane runs these in an environment with vLLM's CPU build "
+    "(docs/distributed.md, 'vLLM on a CPU')"
+)
 # vLLM's CPU attention takes head sizes 32, 64, ... (not the toy policy's 16): the toy with 2 heads of 32.
 VLLM_TOY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2)
 VLLM_OPTIONS = dict(

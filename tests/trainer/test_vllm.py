@@ -1,12 +1,12 @@
-"""vLLM: the trainers take ``use_vllm=True`` (server and colocate modes) and keep TRL's importance-sampling correction.
+"""vLLM through a stand-in: the trainers take ``use_vllm=True`` (server and colocate modes) and keep TRL's
+importance-sampling correction.
 
-vLLM itself needs a GPU and is not installed here, so TRL's ``VLLMGeneration`` is replaced by :class:`FakeVLLM`: it
-takes the same arguments, and "samples" deterministic completions whose sampling log-probs are the policy's own
-(float64, full logits) plus a fixed perturbation, the mismatch between vLLM and the trainer that the correction exists
-for. Everything else is TRL's vLLM path: weight syncs, the old log-probs computed for the correction (by our kernel),
-the importance-sampling ratio in its four modes, and the loss. The GPU smoke test with a real vLLM is described in
-docs/distributed.md.
-"""
+Server mode cannot run on a CPU, and the main environment has no vLLM, so here TRL's ``VLLMGeneration`` is replaced by
+:class:`FakeVLLM`: it takes the same arguments, and "samples" deterministic completions whose sampling log-probs are
+the policy's own (float64, full logits) plus a fixed perturbation, the mismatch between vLLM and the trainer that the
+correction exists for. Everything else is TRL's vLLM path: weight syncs, the old log-probs computed for the correction
+(by our kernel), the importance-sampling ratio in its four modes, and the loss. tests/real_vllm/ runs a real engine
+(vLLM's CPU build, colocate mode)."""
 
 import math
 import types
@@ -20,6 +20,8 @@ from _support.grpo import make_grpo_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from trl_entropy.core.trl import bridge
+from trl_entropy.core.trl import vllm as vllm_support
 from trl_entropy.methods import METHODS, get_method
 from trl_entropy.toy import build_toy_dataset, toy_reward
 
@@ -69,8 +71,12 @@ class FakeVLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
+    """The stand-in in place of TRL's backend. The checks of a real engine's environment (vLLM installed, its CPU
+    platform, server mode on a CPU) do not apply to it: tests/real_vllm/ runs them against a real engine."""
     FakeVLLM.instances = []
     monkeypatch.setattr(trl.trainer.grpo_trainer, "VLLMGeneration", FakeVLLM)
+    monkeypatch.setattr(bridge, "check_vllm_arguments", lambda args, model: None)
+    monkeypatch.setattr(bridge, "vllm_on_cpu", lambda: False)
     return FakeVLLM
 
 
@@ -89,10 +95,10 @@ def test_every_config_accepts_use_vllm(method, mode):
     assert args.use_vllm and args.vllm_mode == mode and args.vllm_importance_sampling_correction
 
 
-def test_without_vllm_installed_the_error_is_trls(warm_toy_policy_path, tmp_path, monkeypatch):
-    """The trainers hand ``use_vllm`` to TRL's backend, which says clearly that vLLM is missing."""
-    monkeypatch.setattr(trl.generation.vllm_generation, "is_vllm_available", lambda: False)
-    with pytest.raises(ImportError, match="vLLM is not available and `use_vllm` is set to True"):
+def test_without_vllm_installed_the_error_names_both_installs(warm_toy_policy_path, tmp_path, monkeypatch):
+    """Refused before TRL loads anything, with the install for a GPU and the one for a CPU."""
+    monkeypatch.setattr(vllm_support, "is_vllm_available", lambda: False)
+    with pytest.raises(ImportError, match=r"use_vllm=True needs vLLM.*\.\[vllm\].*vLLM on a CPU"):
         make_trainer("aent", warm_toy_policy_path, str(tmp_path), rollout=None, use_vllm=True, vllm_mode="colocate")
 
 

@@ -56,13 +56,13 @@ class TRLBridge(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         check_class(type(self), TRLBridge)
         self._scoring_calls = None  # (log-probs, entropy) of each scoring call, while a generation batch is made
-        colocated_vllm = args is not None and args.use_vllm and args.vllm_mode == "colocate"
-        if args is not None and args.use_vllm:
+        if args.use_vllm:
             check_vllm_arguments(args, model)
-        with plain_cpu_weights(colocated_vllm):
+        colocated_on_cpu = args.use_vllm and args.vllm_mode == "colocate" and vllm_on_cpu()
+        with plain_cpu_weights(colocated_on_cpu):
             super().__init__(model, reward_funcs, args, *positional, **keyword)
         check_trainer(self, INSTANCE_ATTRIBUTES + PASS_AT_K_NAMES)
-        if colocated_vllm and vllm_on_cpu():
+        if colocated_on_cpu:
             check_plain_weights(self.vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner.model)
         self.loss_path = LossPathGuard()  # fails the first step if TRL stopped routing the loss through this class
         self.add_callback(self.loss_path)

@@ -123,19 +123,21 @@ def plain_cpu_weights(enabled: bool):
 def check_plain_weights(model: torch.nn.Module) -> None:
     """After the engine is built on the CPU platform: every layer vLLM dispatched to a CPU kernel multiplies its own,
     unpacked weight. Raises, naming the layers, when vLLM packed one anyway (a release that packs elsewhere)."""
+    plain = torch.nn.functional.linear
+    plain = torch.nn.functional.linear
     packed = [
         name
         for name, module in model.named_modules()
         if hasattr(module, "cpu_linear")
         and getattr(module, "weight", None) is not None
-        and (module.weight.numel() == 0 or module.weight.ndim == 2 and module.cpu_linear is not torch.nn.functional.linear)
+        and (module.weight.numel() == 0 or module.weight.ndim == 2 and module.cpu_linear is not plain)
     ]
     if packed:
         raise RuntimeError(
             f"vllm=={vllm_version()} packed the weights of {', '.join(packed[:5])}"
-            f"{' and more' if len(packed) > 5 else ''} for its CPU kernels after trl_entropy asked it not to, so TRL's "
-            f"weight sync would not reach them (trl_entropy/core/trl/vllm.py). Install the vLLM version trl_entropy "
-            f"is tested with ({VLLM_CPU_INSTALL})."
+            f"{' and more' if len(packed) > 5 else ''} for its CPU kernels after trl_entropy asked it not to, so "
+            f"TRL's weight sync would not reach them (trl_entropy/core/trl/vllm.py). Install the vLLM version "
+            f"trl_entropy is tested with ({VLLM_CPU_INSTALL})."
         )
 
 
@@ -172,9 +174,7 @@ def check_vllm_arguments(args, model) -> None:
         )
     if args.vllm_mode == "colocate" and vllm_on_cpu():
         check_vllm_cpu_names()
-        supported = resolve(
-            "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes"
-        )()
+        supported = resolve("vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes")()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if head_size not in supported:
             raise ValueError(

@@ -7,14 +7,11 @@ import importlib.util
 
 import pytest
 from _support.tiers import mark_tier
+from _support.vllm_engine import VLLM_MISSING
 
 
 FILES = {"test_vllm_arguments.py": "pure"}
-TESTS = {"test_vllm_engine.py": {"test_the_captured_correction_reaches_each_methods_loss": "loss_step"}}
-VLLM_MISSING = (
-    "vLLM is not installed: CI's vLLM lane runs these in an environment with vLLM's CPU build "
-    "(docs/distributed.md, 'vLLM on a CPU')"
-)
+TESTS = {"test_vllm_batches.py": {"test_the_captured_correction_reaches_each_methods_loss": "loss_step"}}
 
 
 def pytest_itemcollected(item):

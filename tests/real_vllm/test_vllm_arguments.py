@@ -1,16 +1,19 @@
-"""``use_vllm=True`` settings that cannot work are refused before TRL loads anything, each naming the field and the fix;
-the CPU platform's plain weights are guarded against vLLM drift and leave other platforms alone."""
+"""``use_vllm=True`` settings that cannot work are refused before TRL loads anything, each naming the field and the
+fix; the CPU platform's plain weights are guarded against vLLM drift and leave other platforms alone."""
 
 import inspect
 
 import pytest
 import torch
-import vllm.model_executor.layers.utils as layer_utils
 from _support.distributed_run import make_trainer
-from _support.vllm_engine import VLLM_OPTIONS, save_vllm_toy_policy
-from vllm.platforms import current_platform
+from _support.vllm_engine import VLLM_MISSING, VLLM_OPTIONS, save_vllm_toy_policy
 
 from trl_entropy.core.trl import vllm as vllm_support
+
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+import vllm.model_executor.layers.utils as layer_utils  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +36,10 @@ def test_server_mode_on_a_cpu_says_why_it_cannot_work(vllm_toy_path, tmp_path):
 
 
 def test_a_model_length_above_the_models_positions_names_both(vllm_toy_path, tmp_path):
-    with pytest.raises(ValueError, match=r"vllm_max_model_length=128 is above the model's max_position_embeddings \(64"):
+    with pytest.raises(
+        ValueError, match=r"vllm_max_model_length=128 is above the model's max_position_embeddings \(64"
+    ):
         build(vllm_toy_path, tmp_path, vllm_max_model_length=128)
-
-
-def test_without_vllm_the_error_names_both_installs(vllm_toy_path, tmp_path, monkeypatch):
-    monkeypatch.setattr(vllm_support, "is_vllm_available", lambda: False)
-    with pytest.raises(ImportError, match=r"use_vllm=True needs vLLM.*\.\[vllm\].*vLLM on a CPU"):
-        build(vllm_toy_path, tmp_path)
 
 
 def test_the_cpu_build_runs_on_the_cpu_platform():
