@@ -27,6 +27,11 @@ VLLM_OPTIONS = dict(
     vllm_mode="colocate",
     vllm_max_model_length=64,
 )
+# The bounds on TRL's sampling gap and the runs they hold for (measured: tests/real_vllm/test_vllm_training.py).
+GAP_BOUND = 0.05
+SMOLLM2_GAP_BOUND = 0.5
+LEARNING_RATE = 0.05
+COMBINATION = "qae+kl_cov"
 GAP_MEAN = "sampling/sampling_logp_difference/mean"
 GAP_MAX = "sampling/sampling_logp_difference/max"
 
@@ -56,6 +61,9 @@ def in_child(function, *args, **keyword):
     """Run ``function(*args, **keyword)`` in a forked child; fail with what it printed unless it returned."""
 
     def run():
+        # A trainer this test process built before (accelerate's state) set MASTER_PORT to its default; a user's run
+        # starts without it, and TRL then gives each engine a free port, so two runs at once cannot collide.
+        os.environ.pop("MASTER_PORT", None)
         function(*args, **keyword)
 
     run.__name__ = function.__name__

@@ -201,6 +201,7 @@ def test_sirens_anchor_is_measured_at_the_rollout_weights(vllm_toy_path, tmp_pat
     in_child(capture_off_sync, "siren", vllm_toy_path, str(tmp_path), str(tmp_path / "batch.pt"))
     (anchor,) = torch.load(tmp_path / "batch.pt")["anchors"]
     for weights, name in ((tmp_path / "rollout", "rollout"), (vllm_toy_path, "sampler")):
-        in_child(siren_anchor_of, str(weights), str(tmp_path), str(tmp_path / "batch.pt"), str(tmp_path / name))
-    assert anchor == pytest.approx(torch.load(tmp_path / "rollout"), rel=1e-6)
-    assert abs(anchor - torch.load(tmp_path / "sampler")) > 1e-3
+        anchor_file = str(tmp_path / f"{name}_anchor.pt")
+        in_child(siren_anchor_of, str(weights), str(tmp_path), str(tmp_path / "batch.pt"), anchor_file)
+    assert anchor == pytest.approx(torch.load(tmp_path / "rollout_anchor.pt"), rel=1e-6)
+    assert abs(anchor - torch.load(tmp_path / "sampler_anchor.pt")) > 1e-3
