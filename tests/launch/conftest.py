@@ -10,6 +10,7 @@ LAUNCHES = {
     "test_vlm_distributed.py": "all",
     "test_gpu_runbook.py": "all",
     "test_step_bench.py": "all",
+    "test_watchdog.py": "all",
     "test_examples.py": {
         "test_train_command_line_error_as_a_process",
         "test_train_real_model_on_a_local_math_dataset",
