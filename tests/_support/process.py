@@ -78,31 +78,28 @@ def _without_collection(clear_device_cache):
     return clear
 
 
-def run_forked(function, *args, timeout: float = 600) -> tuple[int, str]:
+def run_forked(function, *args) -> tuple[int, str]:
     """Run ``function(*args)`` in a child forked from this process: it starts with the imports paid (a fresh
     interpreter spends about 10 s of CPU on torch, transformers and TRL), and nothing it patches reaches this process.
     Returns the child's exit code (0 when the function returned, 1 when it raised, -N when signal N ended it) and what
-    it printed, its traceback included."""
+    it printed, its traceback included. A child that hangs is ended (``_support/watchdog.py``)."""
+    import faulthandler
     import multiprocessing
     import tempfile
 
+    from _support.watchdog import join_watched
+
     with tempfile.TemporaryDirectory() as folder:
-        log = os.path.join(folder, "output.txt")
+        log = Path(folder) / "output.txt"
 
         def child():
             sys.stdout = sys.stderr = open(log, "w", buffering=1)  # noqa: SIM115 (open until the child exits)
             os.dup2(sys.stdout.fileno(), 1)
             os.dup2(sys.stdout.fileno(), 2)
+            faulthandler.enable(sys.stderr)  # a hang's stacks go to the log (pytest's handler writes elsewhere)
             function(*args)
 
         process = multiprocessing.get_context("fork").Process(target=child)
         process.start()
-        process.join(timeout)
-        timed_out = process.exitcode is None
-        if timed_out:
-            process.kill()
-            process.join()
-        printed = Path(log).read_text()
-    if timed_out:
-        raise TimeoutError(f"{function.__name__} did not end within {timeout} s:\n{printed[-3000:]}")
-    return process.exitcode, printed
+        join_watched([process], f"{function.__name__} in a forked child", [log])
+        return process.exitcode, log.read_text()

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from _support.grpo import ONE_STEP_RUN, TOY_CACHE
 from _support.methods import METHOD_METRIC
+from _support.watchdog import run_watched
 
 import trl_entropy.scripts.train as train_script
 import trl_entropy.scripts.train_arguments as train_arguments
@@ -188,7 +188,7 @@ def cli_runs(toy_cache, smollm2_path, tmp_path_factory):
     (folder / "runs.json").write_text(json.dumps(runs))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_DISABLED="true")
     command = [sys.executable, "-c", CLI_DRIVER, str(TRAIN), "runs.json", "status.json", str(ROOT / "tests")]
-    launched = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+    launched = run_watched(command, "the train.py cases (stdout's last names the one running)", cwd=folder, env=env)
     status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {}
 
     def parts(text):

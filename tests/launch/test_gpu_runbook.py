@@ -7,10 +7,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
+import psutil
 import pytest
+from _support.watchdog import run_watched, survivors
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,22 +32,7 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     """Every stage, and with --baseline the baseline's own benchmarks with its own package (checked by its path)."""
     baseline = unpack_baseline(tmp_path / "baseline")
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "benchmarks" / "gpu_runbook.sh"),
-            "--dry-run",
-            "--out",
-            str(out),
-            "--baseline",
-            str(baseline),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_runbook(["--dry-run", "--out", str(out), "--baseline", str(baseline)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (report,) = out.glob("dry-run-cpu-*.md")
     text = report.read_text()
@@ -77,14 +63,12 @@ def test_gpu_runbook_dry_run_writes_the_report(tmp_path):
     assert "\n| aent | " in step.split("\n## ")[0]
 
 
-def run_runbook(args, env=None, timeout=120):
-    return subprocess.run(
+def run_runbook(args, env=None):
+    return run_watched(
         ["bash", str(ROOT / "benchmarks" / "gpu_runbook.sh"), *args],
+        f"gpu_runbook.sh {' '.join(args)}",
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
     )
 
 
@@ -92,20 +76,23 @@ def run_runbook(args, env=None, timeout=120):
 def test_gpu_runbook_keeps_to_its_budget(tmp_path):
     """A stage still running when the budget is spent is stopped (its process group with it) and marked cut; the
     stages after it are listed as not run. The step benchmark is made to outlast the budget by construction: the
-    interpreter the runbook is given sleeps a minute before that script."""
-    slow = tmp_path / "python"
+    interpreter the runbook is given sleeps 5 minutes before that script, in a child, and notes its process ids and
+    the sleep's end. Stopped, the stage never notes the end, however slow the machine: waited for, it would."""
+    slow, noted = tmp_path / "python", tmp_path / "noted"
     slow.write_text(
-        f'#!/usr/bin/env bash\ncase "$*" in *step_bench*) sleep 60 ;; esac\nexec "{sys.executable}" "$@"\n'
+        f'#!/usr/bin/env bash\ncase "$*" in *step_bench*) echo $$ >> {noted}; sleep 300 & echo $! >> {noted}; wait; '
+        f'echo slept >> {noted} ;; esac\nexec "{sys.executable}" "$@"\n'
     )
     slow.chmod(0o755)
     out = tmp_path / "out"
-    started = time.monotonic()
     proc = run_runbook(
         ["--dry-run", "--out", str(out), "--budget", "5", "--stages", "step,sweep"], env={"PYTHON": str(slow)}
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 40, elapsed  # the sleeping stage was stopped at the budget, not waited for
+    wrapper, sleep, *after = noted.read_text().split()
+    assert after == [], after  # the sleep's end never noted: the stage was stopped at the budget, not waited for
+    stage = [psutil.Process(int(pid)) for pid in (wrapper, sleep) if psutil.pid_exists(int(pid))]
+    assert survivors(stage) == []  # the stage's processes, the sleep in its group included
     (report,) = out.glob("dry-run-cpu-*.md")
     text = report.read_text()
     assert "* budget: 5 s; stages: step,sweep" in text, text

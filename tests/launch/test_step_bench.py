@@ -2,16 +2,17 @@
 checkpoint, a batch the model samples on the chat task, a loss step of trl.GRPOTrainer and of the base trainer) at its
 smallest batch, on the suite's cached SmolLM2-135M-Instruct. Its times mean nothing; the table's rows must be there."""
 
-import subprocess
 import sys
 from pathlib import Path
+
+from _support.watchdog import run_watched
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smollm2_preset_dry_run_times_trl_and_the_base_on_a_sampled_batch(smollm2_path):
-    proc = subprocess.run(
+    proc = run_watched(
         [
             sys.executable,
             str(ROOT / "benchmarks" / "step_bench.py"),
@@ -27,10 +28,8 @@ def test_smollm2_preset_dry_run_times_trl_and_the_base_on_a_sampled_batch(smollm
             "--cache-dir",
             str(Path(smollm2_path).parent),  # fetch_model finds the suite's conversion there
         ],
+        "step_bench.py --preset smollm2 --dry-run",
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout

@@ -24,6 +24,7 @@ from _support.grpo import (
     toy_config,
     toy_trainer,
 )
+from _support.watchdog import run_watched
 
 from trl_entropy import Controller, EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.config import EntropyGRPOBaseConfig
@@ -406,7 +407,7 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
     through a path file, which adds their folder but runs none of its path files, so the clone's editable install
     stays out: the trl_entropy imported is the wheel's copy."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    run_watched([sys.executable, "-m", "venv", "--without-pip", str(venv)], "python -m venv", check=True)
     python = venv / "bin" / "python"
     site_packages = Path(
         subprocess.run(
@@ -419,7 +420,7 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
     (site_packages / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # --ignore-installed: pip sees the clone's editable install through the path file and would skip the wheel.
     install = [python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", wheel.filename]
-    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    run_watched(install, "pip install of the wheel", check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -441,9 +442,7 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
 
     read = "import json; from trl_entropy.demo.arguments import DemoArguments as D; d = D(); "
     read += "print('DEMO', json.dumps([d.configs_dir, d.methods]))"
-    printed = subprocess.run(
-        [python, "-c", read], cwd=elsewhere, env=env, capture_output=True, text=True, check=True, timeout=300
-    ).stdout
+    printed = run_watched([python, "-c", read], "the demo's settings read", cwd=elsewhere, env=env, check=True).stdout
     configs_dir, methods = json.loads(printed.rsplit("DEMO ", 1)[1])
     assert Path(configs_dir).is_relative_to(site_packages), configs_dir
     assert methods == DemoArguments().methods
@@ -451,7 +450,7 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
     command = venv / "bin" / "trl-entropy"  # the console script the wheel declares
     method = ADAPTIVE_METHODS[0]
     train = [command, "train", "--method", method, *ONE_STEP_RUN, "--toy_policy_cache", str(TOY_CACHE)]
-    trained = subprocess.run(train, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    trained = run_watched(train, "trl-entropy train from the wheel", cwd=elsewhere, env=env)
     assert trained.returncode == 0, trained.stderr[-4000:]
     assert f"trl-entropy train: saved the model to outputs/{method}-toy" in trained.stderr
     output_dir = elsewhere / "outputs" / f"{method}-toy"
@@ -460,8 +459,8 @@ def test_trl_entropy_train_runs_from_the_wheel_outside_the_clone(wheel, tmp_path
     controller_metric = get_method(method).metrics[0].key
     assert any(controller_metric in entry for entry in history)  # the method's trainer ran, not the base's
 
-    report = subprocess.run(
-        [command, "report", str(output_dir)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+    report = run_watched(
+        [command, "report", str(output_dir)], "trl-entropy report from the wheel", cwd=elsewhere, env=env
     )
     assert report.returncode == 0, report.stderr[-4000:]
     assert (output_dir / "report.png").is_file() and (output_dir / "report.md").is_file()

@@ -7,13 +7,13 @@ import ast
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _reference.float64_reference import reference
+from _support.watchdog import run_watched
 from safetensors import safe_open
 
 from trl_entropy.kernels import chunked_logprob_entropy
@@ -169,7 +169,7 @@ def test_trl_entropy_train_runs_on_the_real_model_and_a_local_gsm8k_folder(smoll
     command += ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8"]
     command += ["--log_completions"]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = run_watched(command, "trl-entropy train on SmolLM2", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"saved the model to {output_dir}" in done.stderr
     metrics = logged_metrics(done.stdout + done.stderr)

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _support.watchdog import join_watched
 
 import trl_entropy.pretrained as pretrained
 from trl_entropy.cli import main as trl_entropy_command
@@ -130,8 +131,7 @@ def test_concurrent_callers_convert_once(fake_pip, tmp_path, monkeypatch):
     callers = [context.Process(target=caller) for _ in range(2)]
     for process in callers:
         process.start()
-    for process in callers:
-        process.join(60)
+    join_watched(callers, "two concurrent fetch_model callers")
     assert [process.exitcode for process in callers] == [0, 0]
     assert log.read_text() == "convert\n"  # the second caller waited for the first one's checkpoint
     assert (tmp_path / "cache" / NAME / "config.json").exists()

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 from _support.grpo import TOY_CACHE
+from _support.watchdog import join_watched
 
 from trl_entropy.toy import (
     TOY_ALPHABET,
@@ -289,8 +290,7 @@ def test_concurrent_processes_warm_start_a_policy_once(tmp_path, monkeypatch):
     callers = [context.Process(target=caller) for _ in range(2)]
     for process in callers:
         process.start()
-    for process in callers:
-        process.join(120)
+    join_watched(callers, "two concurrent build_toy_policy callers")
     assert [process.exitcode for process in callers] == [0, 0]
     assert log.read_text() == "warm start\n"  # the second caller waited for the first one's copy
     assert (tmp_path / "cache" / f"toy_policy_v1_seed1_steps10_{cpu_path()}" / "config.json").exists()

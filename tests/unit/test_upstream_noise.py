@@ -5,12 +5,12 @@ DeepSpeed's accelerator note) and nothing else, this library's warnings above al
 import ast
 import json
 import logging
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from _support.watchdog import run_watched
 
 from trl_entropy.core.trl.noise import KNOWN_UPSTREAM_LOG, hide_known_upstream_noise, is_not_known_upstream_log
 
@@ -61,9 +61,7 @@ def test_a_short_run_prints_no_upstream_noise_and_our_warning_still_shows(tmp_pa
     DeepSpeed's log records) but never printed; the on-policy clip warning of ours is."""
     script = tmp_path / "short_run.py"
     script.write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = run_watched([sys.executable, str(script), str(tmp_path)], "a short run in a fresh process", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     printed, seen = done.stdout.rsplit("SEEN ", 1)
     printed += done.stderr
@@ -176,9 +174,7 @@ def imported_at_import(tree: ast.Module) -> list[tuple[str, tuple[str, ...]]]:
 def test_importing_the_library_changes_no_warning_or_logging_filter():
     dependencies = sorted({imported for path in PACKAGE.rglob("*.py") for imported in imported_at_import(parse(path))})
     assert {"torch", "transformers", "trl"} <= {name.split(".")[0] for name, _ in dependencies}
-    done = subprocess.run(
-        [sys.executable, "-c", IMPORT_CHECK, json.dumps(dependencies)], capture_output=True, text=True, timeout=300
-    )
+    done = run_watched([sys.executable, "-c", IMPORT_CHECK, json.dumps(dependencies)], "the import check")
     assert done.returncode == 0 and "UNCHANGED" in done.stdout, done.stderr[-4000:]
 
 
