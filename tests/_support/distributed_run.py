@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import warnings
 import zlib
 from collections import Counter
@@ -43,9 +44,11 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from _support.bound_to_parent import PARENT_PID  # noqa: E402
 from _support.grpo import toy_config  # noqa: E402
 from _support.process import lighten  # noqa: E402
 from _support.rounding import ControllerBounds, check, check_per_update  # noqa: E402
+from _support.watchdog import WATCHED_ENV, Watchdog  # noqa: E402
 from trl_entropy.methods import METHODS  # noqa: E402
 
 
@@ -481,6 +484,7 @@ def launch_two_processes(script, script_options, folder: Path, launcher_options=
     ``--multi_gpu`` with no visible CUDA device starts the processes with torchrun, each on the CPU with gloo. The
     launch runs from ``folder``: accelerate puts the working directory on DeepSpeed ranks' ``PYTHONPATH``, and the
     repository root holds a folder named ``kernels`` that transformers would take for the Hugging Face package.
+    The launcher and the ranks are bound to their parents (``bound_to_parent.py``): the launch ends with this process.
     """
     here = os.path.dirname(
         os.path.dirname(os.path.abspath(__file__))
@@ -491,14 +495,17 @@ def launch_two_processes(script, script_options, folder: Path, launcher_options=
         OMP_NUM_THREADS="1",
         TRL_EXPERIMENTAL_SILENCE="1",
         PYTHONPATH=os.pathsep.join(filter(None, [checkout_package_path(folder), here, os.environ.get("PYTHONPATH")])),
+        **WATCHED_ENV,
         **env,
     )
+    environment[PARENT_PID] = str(os.getpid())  # the launcher's parent, which it is bound to
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "accelerate.commands.launch", *launcher_options, "--num_processes", "2"]
+    bound = str(Path(here) / "_support" / "bound_to_parent.py")
+    command = [sys.executable, bound, "-m", "accelerate.commands.launch", *launcher_options, "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(port), str(script), *script_options]
+    command += ["--main_process_port", str(port), bound, str(script), *script_options]
     with open(Path(folder) / "launch.log", "w") as log:
         return subprocess.Popen(
             command, env=environment, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -526,16 +533,21 @@ class TeardownCrash(AssertionError):
     """Every rank finished its work and wrote its record, and then a process crashed on its way out."""
 
 
-def finish(launched: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
-    """Wait for a launch; on failure or a hung rank, stop the launcher and both ranks and show the log's tail. A
-    failure after every rank reported its work done is raised as a :class:`TeardownCrash`, with the log."""
+def finish(launched: subprocess.Popen, folder: Path) -> None:
+    """Wait for a launch; on failure or a hung rank (``_support/watchdog.py``), stop the launcher and both ranks and
+    show the log's tail. A failure after every rank reported its work done is raised as a :class:`TeardownCrash`, with
+    the log."""
+    log_path = Path(folder) / "launch.log"
+    watchdog = Watchdog(f"the launch in {folder}", [launched.pid], [log_path], count_roots=False)
     try:
-        launched.wait(timeout=timeout)
+        while launched.poll() is None:
+            watchdog.check()
+            time.sleep(0.05)
     finally:
         if launched.poll() is None:
             os.killpg(launched.pid, signal.SIGKILL)
             launched.wait()
-    log = (Path(folder) / "launch.log").read_text()
+    log = log_path.read_text()
     if launched.returncode != 0 and all(f"{RANK_DONE} {rank}" in log for rank in (0, 1)):
         raise TeardownCrash(
             f"both ranks finished and wrote their records, then the launch exited with {launched.returncode} while "

@@ -12,7 +12,8 @@ would. The tests reach the pool through the session fixture ``two_ranks`` (``tes
 Run as a script (what :class:`RankPool` launches), each rank waits for ``job<n>.json`` in its folder, runs it, and
 marks it ``job<n>.rank<k>.done``. A job that raises on a rank writes ``job<n>.rank<k>.failed`` (the traceback) and
 ends that process; torchrun then stops the other rank, and the next job starts a new pool. A ``null`` job ends both
-ranks cleanly.
+ranks cleanly. The launcher and the ranks end with the test process that started them, however it ends (a signal,
+a kill, a time limit): each is bound to its parent (``bound_to_parent.py``).
 
 Jobs run in launch order with whatever state earlier jobs left in the process: the default process group, accelerate's
 shared state, the frozen heap of ``_support/process.py``. Each job builds its own trainer from a fixed seed, as the
@@ -29,6 +30,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from _support.watchdog import Watchdog
 
 
 POLL_SECONDS = 0.02
@@ -51,8 +54,8 @@ class Job:
     def __init__(self, pool: "RankPool", index: int, name: str):
         self.pool, self.index, self.name = pool, index, name
 
-    def wait(self, timeout: float = 600) -> None:
-        self.pool.wait(self, timeout)
+    def wait(self) -> None:
+        self.pool.wait(self)
 
 
 class RankPool:
@@ -80,39 +83,46 @@ class RankPool:
         self._write(index, {"module": module, "function": qualname, "path": folder, "args": list(args)})
         return Job(self, index, f"{module}.{qualname}")
 
-    def run(self, function, *args, timeout: float = 600) -> None:
+    def run(self, function, *args) -> None:
         """:meth:`submit` and wait."""
-        self.submit(function, *args).wait(timeout)
+        self.submit(function, *args).wait()
 
-    def wait(self, job: Job, timeout: float) -> None:
-        done = [self.folder / f"job{job.index}.rank{rank}.done" for rank in (0, 1)]
-        failed = [self.folder / f"job{job.index}.rank{rank}.failed" for rank in (0, 1)]
-        deadline = time.monotonic() + timeout
-        while not all(path.exists() for path in done):
+    def wait(self, job: Job) -> None:
+        """Return once both ranks have run ``job``; raise if one failed, if they exited, or if they hung
+        (``_support/watchdog.py``: no progress, however long a slow machine takes to make it)."""
+        log = self.folder / "launch.log"
+        watchdog = Watchdog(f"two-process job {job.name}", [self.launched.pid], [log], count_roots=False)
+        while not self._done(job.index):
             problem = None
+            failed = [self.folder / f"job{job.index}.rank{rank}.failed" for rank in (0, 1)]
             if any(path.exists() for path in failed):
                 problem = "\n".join(path.read_text() for path in failed if path.exists())
             elif self.launched.poll() is not None:
                 problem = f"the ranks exited ({self.launched.returncode}) before finishing it"
-            elif time.monotonic() > deadline:
-                problem = f"not finished after {timeout:.0f} s"
+            else:
+                problem = watchdog.hung()
             if problem is not None:
                 self.stop()
-                log = (self.folder / "launch.log").read_text()[-6000:]
-                raise AssertionError(f"two-process job {job.name} failed: {problem}\nthe ranks' log:\n{log}")
+                raise AssertionError(
+                    f"two-process job {job.name} failed: {problem}\nthe ranks' log:\n{log.read_text()[-6000:]}"
+                )
             time.sleep(POLL_SECONDS)
 
+    def _done(self, index: int) -> bool:
+        return all((self.folder / f"job{index}.rank{rank}.done").exists() for rank in (0, 1))
+
     def stop(self) -> None:
-        """End both ranks: cleanly when they are idle and well, by killing them otherwise."""
+        """End both ranks: cleanly when they are idle and well; by killing the launcher otherwise (a job still running
+        is not waited for), which ends the ranks too (they are bound to it, ``bound_to_parent.py``)."""
         if self.launched is None:
             return
         from _support.distributed_run import finish
 
         launched, self.launched = self.launched, None
-        if launched.poll() is None:
+        if launched.poll() is None and all(self._done(index) for index in range(self.jobs)):
             self._write(self.jobs, None)
             try:
-                finish(launched, self.folder, timeout=60)
+                finish(launched, self.folder)
                 return
             except AssertionError:
                 pass

@@ -1,5 +1,5 @@
-"""Multi-process runs, the example scripts as processes, the GPU runbook's dry run and the real-model step benchmark's.
-Tiers (`_support/tiers.py`): training unless named below."""
+"""Multi-process runs, the example scripts as processes, the GPU runbook's dry run and the real-model step benchmark's,
+the two ranks' end with their owner, the watchdog. Tiers (`_support/tiers.py`): training unless named below."""
 
 from _support.tiers import mark_tier
 
@@ -10,6 +10,7 @@ LAUNCHES = {
     "test_vlm_distributed.py": "all",
     "test_gpu_runbook.py": "all",
     "test_step_bench.py": "all",
+    "test_rank_pool_ends_with_its_owner.py": "all",
     "test_watchdog.py": "all",
     "test_examples.py": {
         "test_train_command_line_error_as_a_process",
