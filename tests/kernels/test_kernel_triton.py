@@ -19,7 +19,6 @@ import importlib.util
 import itertools
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ import torch
 from _reference.clamp_boundary import TIE_CASES, check_clamp_on_ties
 from _reference.float64_reference import reference
 from _reference.grad_tile_rounding import check_grad_tile_rounds_like_torch
+from _support.interpreter import reduce_xor_sums_with_numpy, use_interpreter_tiles
+from _support.watchdog import run_watched
 
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "trl_entropy" / "kernels"
@@ -97,9 +98,11 @@ def _check(kernels, hidden, weight, bias, targets, *, used_sets=(OUTPUTS,), rtol
 
 def interpreter_checks() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    reduce_xor_sums_with_numpy()
     kernels = _load_kernels_standalone()
     ops = kernels.logprob_entropy._triton_ops()
     assert ops.INTERPRET, "the kernels were not decorated in interpreter mode"
+    use_interpreter_tiles(ops)
     start = time.time()
 
     def done(what):
@@ -291,7 +294,7 @@ def test_triton_interpreter_matches_float64():
         TRITON_INTERPRET="1",
         PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
     )
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    proc = run_watched([sys.executable, __file__], "the interpreter checks of test_kernel_triton.py", env=env)
     report = f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, report
 

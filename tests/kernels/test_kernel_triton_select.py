@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from _reference.select_reference import sampled_window, sort_keys, threshold_keys
-from _support.interpreter import rerun_under_the_interpreter
+from _support.interpreter import reduce_xor_sums_with_numpy, rerun_under_the_interpreter, use_interpreter_tiles
 
 from trl_entropy.kernels import _torch_ops
 
@@ -31,6 +31,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in mul
 interpreted = pytest.mark.skipif(
     not INTERPRETED, reason="needs TRITON_INTERPRET=1 (test_selection_under_the_interpreter sets it)"
 )
+if INTERPRETED:
+    reduce_xor_sums_with_numpy()
 
 
 def test_selection_under_the_interpreter():
@@ -38,8 +40,8 @@ def test_selection_under_the_interpreter():
 
 
 def _load_ops(source: str | None = None):
-    """``_triton_ops`` loaded on its own, decorated for the interpreter; from ``source`` when given (a copy with a
-    planted bug, written to a file: Triton reads a kernel's source)."""
+    """``_triton_ops`` loaded on its own, decorated for the interpreter, with the interpreter's tiles; from ``source``
+    when given (a copy with a planted bug, written to a file: Triton reads a kernel's source)."""
     path = TRITON_OPS
     if source is not None:
         path = Path(tempfile.mkdtemp()) / "_triton_ops_planted.py"
@@ -48,6 +50,7 @@ def _load_ops(source: str | None = None):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # a dataclass's annotations resolve through it
     spec.loader.exec_module(module)
+    use_interpreter_tiles(module)
     return module
 
 
@@ -166,8 +169,8 @@ ROWS["misleading sample"] = _misleading_sample
 @interpreted
 @pytest.mark.parametrize("vocab", [5, 300, 2500])
 def test_threshold_is_kthvalue_and_kept_set_is_the_torch_paths(ops, vocab):
-    """Default sizes: a sample of 512 columns (with repeats below V = 512), windows of up to V/4 entries and brackets
-    of up to 4096 copied entries."""
+    """Default sizes (tiled for the interpreter): a sample of 512 columns (with repeats below V = 512), windows of up
+    to V/4 entries and brackets of up to 4096 copied entries."""
     for k in _ks(vocab):
         z, labels = _batch(vocab, k)
         _check(ops, z, k, labels)
