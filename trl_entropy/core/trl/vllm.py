@@ -90,13 +90,13 @@ def check_vllm_cpu_names() -> None:
             )
 
 
-def keep_plain_weight(layer: torch.nn.Module, remove_weight: bool, pack=None) -> None:
+def keep_plain_weight(layer: torch.nn.Module, remove_weight: bool, pack) -> None:
     """In place of vLLM's ``dispatch_cpu_unquantized_gemm``: a 2-D weight stays the parameter TRL's sync loads into,
     multiplied by ``torch.nn.functional.linear``; other weights (vLLM's MoE experts and convolutions) go to ``pack``,
     vLLM's own dispatch."""
     if layer.weight.ndim == 2:
         layer.cpu_linear = torch.nn.functional.linear
-    elif pack is not None:
+    else:
         pack(layer, remove_weight)
 
 
