@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from _support.grpo import TOY_CACHE
+from _support.tiers import TierCheck
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,6 +16,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 # The toy models are tiny: one thread is as fast, and far faster when the cores are shared.
 torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """Every test's tier held to what it did (`_support/tiers.py`)."""
+    config.pluginmanager.register(TierCheck(), "tier_check")
 
 
 def pytest_report_header(config):

@@ -23,5 +23,27 @@ LAUNCHES = {
 }
 
 
+# In-process checks of the scripts' arguments, data and defaults.
+TESTS = {
+    "test_examples.py": dict.fromkeys(
+        (
+            "test_demo_intervals_are_the_bootstrap_of_each_problem_and_seed",
+            "test_demo_rejects_bad_runs",
+            "test_examples_hide_only_known_upstream_warnings",
+            "test_real_math_dataset_keeps_the_image_column_as_trl_s_image",
+            "test_real_math_dataset_reads_gsm8k_and_math_columns",
+            "test_the_toy_policy_is_cached_where_the_run_saves",
+            "test_toy_training_set_repeats_a_fixed_pool",
+            "test_train_command_line_errors",
+            "test_train_default_output_dir_per_kind_of_run",
+            "test_train_help_shows_the_method_first",
+            "test_train_precision_without_a_bf16_gpu",
+            "test_train_toy_defaults_apply_only_without_a_model",
+        ),
+        "pure",
+    )
+}
+
+
 def pytest_itemcollected(item):
-    mark_tier(item, "training", FILES, LAUNCHES)
+    mark_tier(item, "training", FILES, LAUNCHES, TESTS)

@@ -102,7 +102,9 @@ def test_controller_with_a_given_target_moves_on_the_first_step():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_loss_equals_grpo_trainer_dapo_with_the_controller_epsilon_high(toy_model_path, toy_tokenizer, tmp_path):
+def test_loss_and_gradients_equal_grpo_trainer_dapo_with_the_controller_epsilon_high(
+    toy_model_path, toy_tokenizer, tmp_path
+):
     trl_trainer = build_trainer(
         GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type="dapo", epsilon_high=0.28
     )
