@@ -6,7 +6,7 @@ import math
 import pytest
 
 from trl_entropy import EntropyGRPOConfig
-from trl_entropy.core.schedules import Schedule, bound_schedule, schedule_clock
+from trl_entropy.core.schedules import Schedule, bound_schedule, run_clock, schedule_clock
 
 
 # The worked example: c_0 = 0.02 → c_1 = 0 over S = 1000 steps, warm-up w = 100 from 0 (values to 4 decimals).
@@ -71,6 +71,33 @@ def test_the_generation_cycle_clock_freezes_the_value_within_a_cycle():
     ]
     assert schedule_clock(5, 12, "optimizer_step", 3.0) == (5, 12)
     assert schedule_clock(5, 12, "generation_cycle", 0.5) == (5, 12)  # several cycles in a step: the step's clock
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2, 3])
+@pytest.mark.parametrize(("steps_per_generation", "accumulation"), [(2, 2), (4, 2), (2, 4), (3, 1)])
+def test_the_run_clock_counts_cycles_of_every_pass(steps_per_generation, accumulation, num_iterations, tmp_path):
+    """A cycle is ``steps_per_generation · num_iterations`` micro-batches, an optimizer step ``accumulation`` of them:
+    optimizer step ``s`` of ``S`` is cycle ``⌊s·a / (g·n)⌋`` of ``⌊S·a / (g·n)⌋`` (integers, written out here). With
+    g = a = n = 2, step 2 of 10 is cycle 1 of 5; a clock that dropped the passes would say cycle 2 of 10."""
+    config = EntropyGRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        entropy_schedule_unit="generation_cycle",
+        steps_per_generation=steps_per_generation,
+        gradient_accumulation_steps=accumulation,
+        num_iterations=num_iterations,
+    )
+    micro_batches_per_cycle = steps_per_generation * num_iterations
+    for max_steps in (10, 12):
+        expected = [
+            (s * accumulation // micro_batches_per_cycle, max_steps * accumulation // micro_batches_per_cycle)
+            if micro_batches_per_cycle > accumulation  # a step of several cycles counts on the step's clock
+            else (s, max_steps)
+            for s in range(max_steps + 1)
+        ]
+        assert [run_clock(config, s, max_steps, num_iterations) for s in range(max_steps + 1)] == expected
+    if (steps_per_generation, accumulation, num_iterations) == (2, 2, 2):
+        assert run_clock(config, 2, 10, num_iterations) == (1, 5)
 
 
 def test_a_schedule_from_zero_still_has_a_bonus_and_a_constant_one_does_not_move():
