@@ -74,7 +74,16 @@ def child(generator: str, method: str, steps: int, cache_dir: str | None) -> Non
 
 
 def run(generator: str, options) -> dict:
-    command = [sys.executable, __file__, "--child", generator, "--method", options.method, "--steps", str(options.steps)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        generator,
+        "--method",
+        options.method,
+        "--steps",
+        str(options.steps),
+    ]
     if options.cache_dir:
         command += ["--cache-dir", options.cache_dir]
     printed = subprocess.run(command, check=True, capture_output=True, text=True).stdout
