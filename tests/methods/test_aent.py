@@ -10,8 +10,9 @@ import pytest
 import torch
 from _reference.combined_reference import weighted_mean
 from _reference.pairs import PairMethod, PairReference
+from _support.checkpoint_files import resume_from_saved
 from _support.grpo import build_trainer as shared_build_trainer
-from _support.grpo import loss_and_gradients, make_grpo_batch, toy_config
+from _support.grpo import loss_and_gradients, make_grpo_batch, set_sync, toy_config
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -573,6 +574,35 @@ def test_a_resumed_scheduled_run_continues_the_coefficient_and_band_sequences(
         got = {step: value for step, value in logged_by_step(resumed, key).items() if step > CHECKPOINT}
         assert sorted(got) == [2, 3, 4]
         assert got == (pytest.approx(later, rel=1e-6, abs=1e-12) if key == "aent/coef" else later), key
+
+
+def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_model_path, toy_tokenizer, tmp_path):
+    """The quick loop's check of the resumed run's fact above, through the checkpoint's save and restore functions: at
+    the end of step 1 of 4, λ = 0.015 lies in the run's widest box [0, 0.02] but not in its narrowest, [0.004, 0.004]
+    (the last step's); it comes back as it was, and the next loss step (s = 1: the box [0.001, 0.016]) keeps it."""
+    coefficient, step = 0.015, 1
+    _, _, coef_min, coef_max = reference_bounds(SCHEDULED_RUN, step, 4)
+    run = SCHEDULED_RUN
+    narrowest = (
+        max(run["aent_coef_min"], run["aent_coef_min_final"]),
+        min(run["aent_coef_max"], run["aent_coef_max_final"]),
+    )
+    assert coef_min < coefficient < coef_max and not narrowest[0] <= coefficient <= narrowest[1]
+    options = dict(SCHEDULED_RUN, max_steps=4)
+    saved = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "saved", **options)
+    saved.controllers["aent"].value = coefficient
+    saved.state.global_step = step
+    resumed = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "resumed", **options)
+    resume_from_saved(saved, resumed, str(tmp_path / f"checkpoint-{step}"))
+    assert resumed.aent_coef == coefficient
+    inputs = make_grpo_batch(resumed.model, len(toy_tokenizer), seed=3)
+    losses = []
+    for trainer in (saved, resumed):
+        trainer.state.max_steps = 4
+        set_sync(trainer, False)  # the step's first micro-batch: the cycle's update comes later
+        losses.append(trainer.compute_loss(trainer.model, dict(inputs)).item())
+    assert resumed.aent_coef == coefficient and losses[1] == losses[0]
+    assert resumed._metrics["train"]["aent/coef_max"] == [pytest.approx(coef_max, rel=1e-12)]
 
 
 @pytest.mark.parametrize(

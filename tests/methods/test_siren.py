@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 from _reference.pairs import PairMethod, PairReference
+from _support.checkpoint_files import resume_from_saved
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from transformers import AutoModelForCausalLM
 
@@ -244,6 +245,60 @@ def test_a_resumed_run_keeps_the_anchor_and_never_measures_again(toy_model_path,
     assert measured == [] and resumed.siren_anchor == straight.siren_anchor
 
 
+def float64_anchor(model, batch):
+    """The anchor of a generation batch at the defaults (p 0.8, K 10000, ρ 0.8), from the float64 full logits."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[
+            :, batch["prompt_ids"].size(1) - 1 : -1
+        ]
+    entropy, _ = top_p_entropy(logits, 0.8, 10000)
+    return peak_mean(entropy, batch["completion_mask"].double(), 0.8).item()
+
+
+def generation_batches(model, vocab_size):
+    """Two training generation batches and an evaluation one, padded, whose float64 anchors differ."""
+    return [make_grpo_batch(model, vocab_size, seed=seed, old_noise=None, ref=False) for seed in (1, 2, 3)]
+
+
+def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_path, toy_tokenizer, tmp_path):
+    """The quick loop's check of the training run's fact above: an evaluation batch measures nothing, the first
+    training batch measures the anchor (its float64 value), the second leaves it."""
+    trainer = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    first, second, evaluation = generation_batches(model, len(toy_tokenizer))
+    assert abs(float64_anchor(model, first) - float64_anchor(model, second)) > 1e-3  # a second measurement shows
+    part = trainer.part(SIRENPart.key)
+    trainer.model.eval()
+    part.on_generation_batch(evaluation)
+    assert trainer.siren_anchor is None
+    trainer.model.train()
+    part.on_generation_batch(first)
+    part.on_generation_batch(second)
+    assert trainer.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
+
+
+def test_a_checkpoint_carries_the_anchor_and_the_resumed_trainer_never_measures(
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
+):
+    """The quick loop's check of the resumed run's fact above, through the checkpoint's save and restore functions:
+    the anchor measured before the checkpoint comes back bit for bit, and the resumed trainer's next generation batch
+    measures nothing."""
+    saved = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path / "saved")
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    first, second, _ = generation_batches(model, len(toy_tokenizer))
+    saved.part(SIRENPart.key).on_generation_batch(first)
+    saved.state.global_step = 1
+    resumed = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path / "resumed")
+    resume_from_saved(saved, resumed, str(tmp_path / "checkpoint-1"))
+    assert resumed.siren_anchor == saved.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
+    measured = []
+    monkeypatch.setattr(resumed, "score_generation_batch", lambda *arguments: measured.append(arguments))
+    resumed.part(SIRENPart.key).on_generation_batch(second)
+    assert measured == [] and resumed.siren_anchor == saved.siren_anchor
+
+
 def test_a_given_anchor_is_never_measured(toy_model_path, toy_tokenizer, tmp_path):
     trainer, _, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=1, siren_anchor=0.25)
     trainer.train()
@@ -263,6 +318,29 @@ def test_the_coefficient_follows_its_schedule(toy_model_path, toy_tokenizer, tmp
     logged = [entry["siren/coef"] for entry in trainer.state.log_history if "siren/coef" in entry]
     expected = [0.0] + [0.01 + (0.0 - 0.01) * (s - 1) / 3 for s in (1, 2, 3)]
     assert logged == pytest.approx(expected)
+
+
+def test_each_steps_penalty_takes_the_coefficient_of_its_step(toy_model_path, toy_tokenizer, tmp_path):
+    """The quick loop's check of the training run's fact above: the worked example's penalty (its mean 1.0, anchor
+    0.5) at each step s of the same 4-step schedule is c(s)·0.25."""
+    options = dict(siren_coef=0.01, siren_coef_schedule="linear", siren_coef_final=0.0, siren_coef_warmup_steps=1)
+    trainer = example_trainer(toy_model_path, toy_tokenizer, tmp_path, max_steps=4, **options)
+    trainer.state.max_steps = 4
+    batch = CompletionBatch(
+        log_probs=torch.tensor(PROBABILITIES).log(),
+        old_log_probs=torch.tensor(PROBABILITIES).log(),
+        entropy=torch.zeros(2, 3),
+        clamped_entropy=None,
+        mask=torch.tensor(MASK),
+        group_advantages=torch.tensor([[0.5], [-0.5]]),
+        top_p_entropy=torch.tensor(TOP_P_ENTROPY),
+        top_p_set_size=torch.ones(2, 3),
+    )
+    for step, coefficient in enumerate([0.0] + [0.01 + (0.0 - 0.01) * (s - 1) / 3 for s in (1, 2, 3)]):
+        trainer.state.global_step = step
+        penalty, metrics = trainer.part(SIRENPart.key).regulariser(batch)
+        assert metrics["siren/coef"] == pytest.approx(coefficient, abs=1e-15), step
+        assert penalty.item() == pytest.approx(coefficient * 0.25, abs=1e-9), step
 
 
 @pytest.mark.parametrize(
