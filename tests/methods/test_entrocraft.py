@@ -27,6 +27,7 @@ from _support.grpo import (
     loss_and_gradients,
     make_grpo_batch,
     naive_entropy,
+    set_sync,
     toy_config,
     toy_trainer,
 )
@@ -253,6 +254,41 @@ def test_the_previous_cycles_entropy_is_measured_and_read_one_cycle_late(toy_mod
     for before, after in zip(logs, logs[1:], strict=False):
         assert after["entrocraft/entropy"] == pytest.approx(before["entropy"], rel=1e-5)
     assert trainer.controllers["entrocraft"].state_dict() == {"value": pytest.approx(logs[-1]["entropy"], rel=1e-5)}
+
+
+def test_the_previous_cycles_entropy_over_its_valid_tokens_decides_the_next_batch(
+    toy_model_path, toy_tokenizer, tmp_path
+):
+    """The quick loop's check of the training run's fact above, over two generation batches driven by hand (one
+    micro-batch per cycle): the first keeps GRPO's advantages; the cycle's training entropy, its mean over the valid
+    tokens (the padded position's 9 nats left out: 0.65, above the band [0.5, 0.6]), rejects the second's negatives."""
+    trainer = example_trainer(toy_model_path, toy_tokenizer, tmp_path, entrocraft_entropy_source="previous_cycle")
+    trainer._metrics["train"].clear()
+    set_sync(trainer, True)
+    rewards = torch.tensor(REWARDS).unsqueeze(1)
+    trainer.on_rewards(rewards)
+    first = trainer.finish_generation_batch(example_generation_batch(1.0), rows=2)
+    assert first["advantages"].tolist() == pytest.approx([GRPO_ADVANTAGE, -GRPO_ADVANTAGE], abs=1e-5)
+    entropy = torch.tensor(OLD_ENTROPY).masked_fill(~torch.tensor(MASK).bool(), 9.0)
+    probabilities = float64(PROBABILITIES).float()
+    trainer.end_micro_batch(
+        CompletionBatch(
+            log_probs=probabilities.log(),
+            old_log_probs=probabilities.log(),
+            entropy=entropy,
+            clamped_entropy=None,
+            mask=torch.tensor(MASK),
+            group_advantages=first["advantages"].unsqueeze(1),
+        )
+    )
+    mean = float((float64(OLD_ENTROPY) * float64(MASK)).sum() / float64(MASK).sum())
+    trainer.state.global_step += 1
+    trainer.on_rewards(rewards)
+    second = trainer.finish_generation_batch(example_generation_batch(1.0), rows=2)
+    assert second["advantages"].tolist() == [1.0, 0.0]  # RAFT++: max(R − 0, 0)
+    metrics = trainer._metrics["train"]
+    assert metrics["entrocraft/branch"] == [INSIDE, ABOVE]
+    assert metrics["entrocraft/entropy"] == [pytest.approx(mean, rel=1e-6)] and mean == pytest.approx(0.65)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

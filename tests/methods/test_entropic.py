@@ -207,6 +207,39 @@ def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_token
     assert (controller.value, controller.integral) == (pytest.approx(0.001, abs=1e-7), pytest.approx(0.1, abs=1e-7))
 
 
+def test_a_micro_batch_moves_the_integral_by_its_share_of_a_cycle_of_every_pass(
+    toy_model_path, toy_tokenizer, tmp_path
+):
+    """Two passes over each generation batch of two micro-batches: a cycle is four micro-batches, so each moves the
+    integral by (H̄ − H*)/4 (the one-process training run's fact below, in one loss step). H̄ is the mean over the
+    micro-batch's valid tokens: the padded position's 5 nats count for nothing."""
+    trainer = build_trainer(
+        EntroPICTrainer,
+        EntroPICConfig,
+        toy_model_path,
+        toy_tokenizer,
+        tmp_path,
+        loss_type="grpo",
+        steps_per_generation=2,
+        num_iterations=2,
+    )
+    entropy, mask = [[0.2, 0.5, 5.0], [0.4, 0.1, 0.3]], [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    mean = sum(h * m for row, valid in zip(entropy, mask, strict=True) for h, m in zip(row, valid, strict=True)) / 5
+    log_probs = torch.tensor([[0.99, 0.5, 0.97], [0.96, 0.3, 0.2]]).log().requires_grad_()
+    batch = CompletionBatch(
+        log_probs=log_probs,
+        old_log_probs=log_probs.detach(),
+        entropy=torch.tensor(entropy),
+        clamped_entropy=None,
+        mask=torch.tensor(mask),
+        group_advantages=torch.tensor([[1.0], [-1.0]]),
+    )
+    loss_step(trainer, batch)
+    alpha, integral = reference_pi(0.0, mean, 0.1, 1.0, 0.01, 1 / (2 * 2))
+    controller = trainer.controllers["entropic"]
+    assert (controller.value, controller.integral) == (pytest.approx(alpha, abs=1e-7), pytest.approx(integral))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Every rank's statistics in one process: rank 0 of two, the second rank's sums stood in (the two-process test below
 # runs the real thing)

@@ -138,6 +138,9 @@ def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss
     )
     assert_same(loss, gradients, expected_loss, expected_gradients)
     assert trainer._metrics["train"]["kl_cov/penalised_fraction"] == [pytest.approx(count / num_valid)]
+    abs_log_ratio = (reference.detached_log_probs - reference.old).abs()  # over the valid tokens: padding left out
+    mean_abs_log_ratio = float((abs_log_ratio * reference.mask).sum() / reference.mask.sum())
+    assert trainer._metrics["train"]["kl_cov/abs_log_ratio"] == [pytest.approx(mean_abs_log_ratio, rel=1e-5)]
     # The penalty matters in this case: without it the loss differs.
     unpenalised_loss = reference.loss(kl_cov_loss_fn(set(), coef), loss_type, 6, beta=beta)
     assert abs(unpenalised_loss - expected_loss) > 1e-4

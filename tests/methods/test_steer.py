@@ -129,7 +129,8 @@ def test_worked_example_through_the_trainer(example_trainer):
         clamped_entropy=None,
         mask=torch.tensor(MASK),
         group_advantages=torch.tensor(ADVANTAGES),
-        old_entropy=torch.tensor(OLD_ENTROPY),
+        # A corrupt rollout entropy at the padded position: its Ω is not finite, and it counts nowhere.
+        old_entropy=torch.tensor(OLD_ENTROPY).masked_fill(~torch.tensor(MASK).bool(), math.inf),
     )
     advantages = trainer.token_advantages(batch)
     ratio = trainer.ratio(batch)
@@ -144,6 +145,8 @@ def test_worked_example_through_the_trainer(example_trainer):
     assert metrics["steer/weight_mean"] == [pytest.approx(float(expected.sum() / 5), abs=1e-6)]
     assert metrics["steer/weight_min"] == [pytest.approx(0.8)]
     assert metrics["steer/omega_abs_max"] == [pytest.approx(0.2916, abs=1e-4)]
+    omega = reference_weights(mapping)[0].abs()[torch.tensor(MASK).bool()]
+    assert metrics["steer/omega_abs_mean"] == [pytest.approx(float(omega.mean()), rel=1e-5)]
     assert metrics["steer/nonfinite_fraction"] == [0.0]
 
 
