@@ -19,7 +19,7 @@ import pytest
 QUICK_LOOP = ("pure", "loss_step")
 # A test's tier, and whether TierCheck holds it to the test's cost.
 TIER = pytest.StashKey[tuple[str, bool]]()
-COUNTS_BEFORE = pytest.StashKey[tuple[int, int]]()
+COUNTS_BEFORE = pytest.StashKey[tuple[tuple[int, int], tuple[int, int]]]()
 # The fixtures that give a test a model: a test given one scores or trains it.
 MODEL_FIXTURES = {"toy_model_path", "warm_toy_policy_path", "toy_tokenizer", "smollm2_path"}
 
@@ -91,28 +91,43 @@ def cost_contradiction(tier: str, trains: bool, builds_trainer: bool) -> str | N
 
 class TierCheck:
     """Fails a passed test whose tier its cost contradicts (see the module). A test trains when it, or a fixture it
-    uses (a module's trained run, which an earlier test may have set up), calls ``Trainer.train`` or starts a
-    process."""
+    uses (a module's trained run, which an earlier test may have set up), calls ``Trainer.train`` or starts a process.
+    A session's fixtures are set up once for every test (the toy policy, the real model fetched with pip): their costs
+    are no test's."""
 
     def __init__(self):
         self.costly_fixtures = {"started": set(), "trainers": set()}  # fixture definitions by what their set-up did
+        self.session_costs = (0, 0)  # what the session's fixtures did, as counts() counts it
+
+    def own_costs(self, before: tuple[int, int], session_before: tuple[int, int]) -> list[int]:
+        """What was done since ``before`` (the session fixtures' costs then: ``session_before``), theirs left out."""
+        return [
+            now - earlier - (session_now - session_earlier)
+            for now, earlier, session_now, session_earlier in zip(
+                counts(), before, self.session_costs, session_before, strict=True
+            )
+        ]
 
     def pytest_collection_finish(self, session):
         count_costs()  # after the imports: counting costs nothing they do
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        before = counts()
+        before, session_before = counts(), self.session_costs
         try:
             return (yield)
         finally:
-            for what, earlier, later in zip(self.costly_fixtures, before, counts(), strict=True):
-                if later > earlier:
-                    self.costly_fixtures[what].add(fixturedef)
+            costs = self.own_costs(before, session_before)
+            if fixturedef.scope == "session":
+                self.session_costs = tuple(total + cost for total, cost in zip(self.session_costs, costs, strict=True))
+            else:
+                for what, cost in zip(self.costly_fixtures, costs, strict=True):
+                    if cost > 0:
+                        self.costly_fixtures[what].add(fixturedef)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        item.stash[COUNTS_BEFORE] = counts()
+        item.stash[COUNTS_BEFORE] = (counts(), self.session_costs)
         return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -125,8 +140,8 @@ class TierCheck:
             return report
         fixtures = [fixture for fixtures in item._fixtureinfo.name2fixturedefs.values() for fixture in fixtures]
         did = [
-            now > before or not self.costly_fixtures[what].isdisjoint(fixtures)
-            for what, before, now in zip(self.costly_fixtures, item.stash[COUNTS_BEFORE], counts(), strict=True)
+            cost > 0 or not self.costly_fixtures[what].isdisjoint(fixtures)
+            for what, cost in zip(self.costly_fixtures, self.own_costs(*item.stash[COUNTS_BEFORE]), strict=True)
         ]
         contradiction = cost_contradiction(tier, *did)
         if contradiction is not None:
