@@ -10,6 +10,7 @@ left that ran under it: the launcher, the ranks, and every other one found under
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from _support.watchdog import Watchdog, survivors, tree
 
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the binding to a parent is Linux's PR_SET_PDEATHSIG")
 OWNER_FOLDER = "TRL_ENTROPY_RANK_POOL_OWNER"  # where test_owner notes its launch; unset, it skips
 
 
@@ -58,22 +60,30 @@ def end_by_signal(number):
 
 
 def reach_the_time_limit(started, owner_pid):
-    """GNU ``timeout`` takes SIGALRM as its limit reached: it sends its signal (TERM) to its process group."""
+    """GNU ``timeout`` takes SIGALRM as its limit reached (a day: no run gets there by itself): it sends its signal
+    (TERM) to its process group."""
     started.send_signal(signal.SIGALRM)
 
 
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_owner"]
+# pytest, taking SIGINT as a user's Ctrl-C (KeyboardInterrupt) even where this run was started with SIGINT ignored, as
+# a shell starts a background job (Python then leaves it ignored)
+TAKE_SIGINT = (
+    "import signal, sys, pytest\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nsys.exit(pytest.main())\n"
+)
+PYTEST = [sys.executable, "-c", TAKE_SIGINT, "-q", "-p", "no:cacheprovider", f"{__file__}::test_owner"]
 CASES = {
     "SIGTERM": (PYTEST, end_by_signal(signal.SIGTERM)),
     "SIGINT": (PYTEST, end_by_signal(signal.SIGINT)),
     "SIGKILL": (PYTEST, end_by_signal(signal.SIGKILL)),
-    "time limit": (["timeout", "600", *PYTEST, "-n", "1"], reach_the_time_limit),
+    "time limit": (["timeout", "1d", *PYTEST, "-n", "1"], reach_the_time_limit),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_ranks_end_with_their_owner(case, tmp_path):
     command, end = CASES[case]
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"needs {command[0]}")
     folder = tmp_path / "owner"
     folder.mkdir()
     output = tmp_path / "output.txt"
@@ -81,7 +91,7 @@ def test_the_ranks_end_with_their_owner(case, tmp_path):
         started = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=dict(os.environ, **{OWNER_FOLDER: str(folder)}),
+            env={**os.environ, OWNER_FOLDER: str(folder)},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
