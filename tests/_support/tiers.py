@@ -5,9 +5,9 @@ step or scoring pass against float64 or trl.GRPOTrainer), `training` (short in-p
 Each folder's conftest.py names its default tier, the files that differ, the single tests that differ from their
 file and the launches one by one; a tier may be a rule, a function of the test item (:func:`by_model`).
 :class:`TierCheck` holds every tier but a launch to what its test did, so that no cost hides behind a folder's or a
-file's tier: a `training` test must train or start a process, a quick-loop test must do neither, and a `pure` test
-builds no trainer. A conftest names its deliberate exceptions (a short run kept in the quick loop, say), each with its
-reason."""
+file's tier: a `training` test must train or start a process, a quick-loop test must not train (it may start a
+process: git, a compiler), and a `pure` test builds no trainer. A conftest names its deliberate exceptions (a short
+run kept in the quick loop, say), each with its reason."""
 
 import functools
 import os
@@ -19,7 +19,7 @@ import pytest
 QUICK_LOOP = ("pure", "loss_step")
 # A test's tier, and whether TierCheck holds it to the test's cost.
 TIER = pytest.StashKey[tuple[str, bool]]()
-COUNTS_BEFORE = pytest.StashKey[tuple[tuple[int, int], tuple[int, int]]]()
+COUNTS_BEFORE = pytest.StashKey[tuple[tuple[int, ...], tuple[int, ...]]]()
 # The fixtures that give a test a model: a test given one scores or trains it.
 MODEL_FIXTURES = {"toy_model_path", "warm_toy_policy_path", "toy_tokenizer", "smollm2_path"}
 
@@ -46,13 +46,13 @@ def mark_tier(item, default, files=None, launches=None, tests=None, unchecked=No
     item.stash[TIER] = (tier, tier != "launch" and item.originalname not in (unchecked or {}).get(file, ()))
 
 
-# What this process has started so far: trainings and processes (Trainer.train calls, forks and subprocesses), and
-# trainers built.
-_counts = {"started": 0, "trainers": 0}
+# What this process has done so far: trainings (Trainer.train calls, and forks: a forked child runs what its parent
+# would), subprocesses started, trainers built.
+_counts = {"trains": 0, "processes": 0, "trainers": 0}
 
 
-def counts() -> tuple[int, int]:
-    return _counts["started"], _counts["trainers"]
+def counts() -> tuple[int, ...]:
+    return tuple(_counts.values())
 
 
 def _counted(function, what: str):
@@ -66,24 +66,24 @@ def _counted(function, what: str):
 
 
 def count_costs() -> None:
-    """Count every ``transformers.Trainer`` built and trained, fork and subprocess from now on (once per process: a
+    """Count every ``transformers.Trainer`` trained and built, fork and subprocess from now on (once per process: a
     nested pytest session finds them counted already)."""
     import transformers
 
     if getattr(transformers.Trainer.train, "counted", False):
         return
-    transformers.Trainer.train = _counted(transformers.Trainer.train, "started")
+    transformers.Trainer.train = _counted(transformers.Trainer.train, "trains")
     transformers.Trainer.__init__ = _counted(transformers.Trainer.__init__, "trainers")
-    os.fork = _counted(os.fork, "started")
-    subprocess.Popen.__init__ = _counted(subprocess.Popen.__init__, "started")
+    os.fork = _counted(os.fork, "trains")
+    subprocess.Popen.__init__ = _counted(subprocess.Popen.__init__, "processes")
 
 
-def cost_contradiction(tier: str, trains: bool, builds_trainer: bool) -> str | None:
+def cost_contradiction(tier: str, trains: bool, starts_processes: bool, builds_trainer: bool) -> str | None:
     """What a test of ``tier`` that did this contradicts (None: nothing)."""
-    if tier == "training" and not trains:
+    if tier == "training" and not (trains or starts_processes):
         return "is in the training tier but neither trains nor starts a process: the quick loop should run it"
     if tier in QUICK_LOOP and trains:
-        return f"is in the quick loop ({tier}) but trains or starts a process"
+        return f"is in the quick loop ({tier}) but trains"
     if tier == "pure" and builds_trainer:
         return "is pure but builds a trainer: its cost is a loss step's"
     return None
@@ -96,10 +96,10 @@ class TierCheck:
     are no test's."""
 
     def __init__(self):
-        self.costly_fixtures = {"started": set(), "trainers": set()}  # fixture definitions by what their set-up did
-        self.session_costs = (0, 0)  # what the session's fixtures did, as counts() counts it
+        self.costly_fixtures = {what: set() for what in _counts}  # fixture definitions by what their set-up did
+        self.session_costs = (0,) * len(_counts)  # what the session's fixtures did, as counts() counts it
 
-    def own_costs(self, before: tuple[int, int], session_before: tuple[int, int]) -> list[int]:
+    def own_costs(self, before: tuple[int, ...], session_before: tuple[int, ...]) -> list[int]:
         """What was done since ``before`` (the session fixtures' costs then: ``session_before``), theirs left out."""
         return [
             now - earlier - (session_now - session_earlier)

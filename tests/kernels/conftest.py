@@ -21,12 +21,10 @@ LAUNCHES = {
     "test_kernel_top_p.py": {"test_top_p_under_the_interpreter"},
 }
 TESTS = {"test_kernel_top_p.py": {"test_head_scores_top_p_entropy_and_set_size": "loss_step"}}
-# Triton's compiler runs ptxas as a process: a compile check's cost.
-UNCHECKED = {"test_kernel_triton.py": {"test_triton_kernels_compile_for_cuda"}}
 
 
 def pytest_itemcollected(item):
-    mark_tier(item, "training", FILES, LAUNCHES, TESTS, UNCHECKED)
+    mark_tier(item, "training", FILES, LAUNCHES, TESTS)
 
 
 @pytest.fixture

@@ -57,11 +57,6 @@ TESTS = {
         "test_a_batch_measurement_puts_the_weights_back_and_a_zero_step_moves_no_ratio": "loss_step",
     },
 }
-# Source checks that ask git for the repository's files: a process, at a source check's cost.
-UNCHECKED = {
-    "test_layout.py": {"test_nothing_cites_a_file_outside_the_repository"},
-    "test_method_homes.py": {"test_no_method_is_named_outside_its_home"},
-}
 LAUNCHES = {
     "test_adding_a_method.py": {"test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined"},
     "test_pretrained.py": {"test_concurrent_callers_convert_once"},
@@ -74,4 +69,4 @@ LAUNCHES = {
 
 
 def pytest_itemcollected(item):
-    mark_tier(item, "training", FILES, LAUNCHES, TESTS, UNCHECKED)
+    mark_tier(item, "training", FILES, LAUNCHES, TESTS)

@@ -70,15 +70,17 @@ def test_every_worked_example_is_in_the_quick_loop(method_tests):
 
 
 def test_the_check_holds_each_tier_to_its_cost():
-    """(tier, trains or starts a process, builds a trainer) → whether the check fails the test."""
+    """(tier, trains, starts a process, builds a trainer) → whether the check fails the test."""
     cases = {
-        ("training", True, True): False,
-        ("training", False, True): True,  # a loss step hidden from the quick loop
-        ("loss_step", False, True): False,
-        ("loss_step", True, True): True,  # a run slowing the quick loop
-        ("pure", False, False): False,
-        ("pure", True, False): True,
-        ("pure", False, True): True,  # a loss step's cost under the pure tier
+        ("training", True, False, True): False,
+        ("training", False, True, False): False,  # a run of a script as a process
+        ("training", False, False, True): True,  # a loss step hidden from the quick loop
+        ("loss_step", False, False, True): False,
+        ("loss_step", False, True, True): False,  # a compiler run as a process
+        ("loss_step", True, False, True): True,  # a run slowing the quick loop
+        ("pure", False, True, False): False,  # git, asked for the repository's files
+        ("pure", True, False, False): True,
+        ("pure", False, False, True): True,  # a loss step's cost under the pure tier
     }
     assert {case: cost_contradiction(*case) is not None for case in cases} == cases
 
