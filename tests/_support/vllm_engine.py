@@ -8,6 +8,7 @@ or torch file in the test's folder.
 
 import json
 import os
+import socket
 
 import torch
 
@@ -61,9 +62,12 @@ def in_child(function, *args, **keyword):
     """Run ``function(*args, **keyword)`` in a forked child; fail with what it printed unless it returned."""
 
     def run():
-        # A trainer this test process built before (accelerate's state) set MASTER_PORT to its default; a user's run
-        # starts without it, and TRL then gives each engine a free port, so two runs at once cannot collide.
-        os.environ.pop("MASTER_PORT", None)
+        # TRL's colocate mode gives vLLM's process group the port MASTER_PORT names, or else the first of a few fixed
+        # ports that is free when it looks (29500 first): two engines starting at once on one machine (the lane's two
+        # workers) could both take it. Each child names a port the system has just handed out.
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
         function(*args, **keyword)
 
     run.__name__ = function.__name__

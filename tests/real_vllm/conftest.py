@@ -11,11 +11,10 @@ from _support.vllm_engine import VLLM_MISSING
 
 
 FILES = {"test_vllm_arguments.py": "pure"}
-TESTS = {"test_vllm_batches.py": {"test_the_captured_correction_reaches_each_methods_loss": "loss_step"}}
 
 
 def pytest_itemcollected(item):
-    mark_tier(item, "launch", FILES, None, TESTS)
+    mark_tier(item, "launch", FILES)
     item.add_marker(pytest.mark.vllm)
     if importlib.util.find_spec("vllm") is None:
         item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
