@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 from _support.tiers import mark_tier
-from _support.vllm_engine import VLLM_MISSING
+from _support.vllm_engine import VLLM_MISSING, save_vllm_toy_policy
 
 
 FILES = {"test_vllm_arguments.py": "pure"}
@@ -18,3 +18,9 @@ def pytest_itemcollected(item):
     item.add_marker(pytest.mark.vllm)
     if importlib.util.find_spec("vllm") is None:
         item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
+
+
+@pytest.fixture(scope="session")
+def vllm_toy_path(tmp_path_factory):
+    """The toy policy in a shape vLLM's CPU attention takes, saved once per test process."""
+    return save_vllm_toy_policy(str(tmp_path_factory.mktemp("vllm_toy")))

@@ -6,7 +6,7 @@ import inspect
 import pytest
 import torch
 from _support.distributed_run import make_trainer
-from _support.vllm_engine import VLLM_MISSING, VLLM_OPTIONS, save_vllm_toy_policy
+from _support.vllm_engine import VLLM_MISSING, VLLM_OPTIONS
 
 from trl_entropy.core.trl import vllm as vllm_support
 
@@ -14,11 +14,6 @@ from trl_entropy.core.trl import vllm as vllm_support
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 import vllm.model_executor.layers.utils as layer_utils  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def vllm_toy_path(tmp_path_factory):
-    return save_vllm_toy_policy(str(tmp_path_factory.mktemp("vllm_toy")))
 
 
 def build(path, tmp_path, **overrides):

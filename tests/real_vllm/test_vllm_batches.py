@@ -15,7 +15,6 @@ from _support.vllm_engine import (
     capture_generation_batch,
     count_syncs,
     in_child,
-    save_vllm_toy_policy,
 )
 from transformers import AutoModelForCausalLM
 
@@ -29,11 +28,6 @@ CORRECTED_METHODS = ("aent", "ce_gppo", "clip_cov", "erc", "kl_cov", "steer")
 ROLLOUT_ENTROPY = ("entrocraft", "erc", "steer")
 PERTURBATION = 0.03  # the rollout weights' distance from the saved ones: ratios well outside [0.9, 1.1] and the clip
 ROWS = [build_toy_dataset(8)[index] for index in (0, 0, 0, 0, 1, 1, 1, 1)]  # two prompts, a group of 4 each
-
-
-@pytest.fixture(scope="module")
-def vllm_toy_path(tmp_path_factory):
-    return save_vllm_toy_policy(str(tmp_path_factory.mktemp("vllm_toy")))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -13,14 +13,8 @@ from _support.vllm_engine import (
     alternating_reward,
     in_child,
     read,
-    save_vllm_toy_policy,
     train_and_record,
 )
-
-
-@pytest.fixture(scope="module")
-def vllm_toy_path(tmp_path_factory):
-    return save_vllm_toy_policy(str(tmp_path_factory.mktemp("vllm_toy")))
 
 
 def test_a_missing_sync_takes_the_gap_far_past_the_bound(vllm_toy_path, tmp_path):

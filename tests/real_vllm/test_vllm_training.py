@@ -21,16 +21,10 @@ from _support.vllm_engine import (
     LEARNING_RATE,
     in_child,
     read,
-    save_vllm_toy_policy,
     train_and_record,
 )
 
 from trl_entropy.methods import METHODS
-
-
-@pytest.fixture(scope="module")
-def vllm_toy_path(tmp_path_factory):
-    return save_vllm_toy_policy(str(tmp_path_factory.mktemp("vllm_toy")))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
