@@ -32,7 +32,6 @@ VLLM_OPTIONS = dict(
 GAP_BOUND = 0.05
 SMOLLM2_GAP_BOUND = 0.6
 LEARNING_RATE = 0.05
-COMBINATION = "qae+kl_cov"
 GAP_MEAN = "sampling/sampling_logp_difference/mean"
 GAP_MAX = "sampling/sampling_logp_difference/max"
 

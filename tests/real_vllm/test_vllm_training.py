@@ -16,7 +16,6 @@ import math
 
 import pytest
 from _support.vllm_engine import (
-    COMBINATION,
     GAP_BOUND,
     LEARNING_RATE,
     in_child,
@@ -25,6 +24,9 @@ from _support.vllm_engine import (
 )
 
 from trl_entropy.methods import METHODS
+
+
+COMBINATION = "qae+kl_cov"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
