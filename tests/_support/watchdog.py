@@ -7,10 +7,12 @@ A watched process (its descendants included) has hung when it is
   machine, gets CPU time within seconds; one waiting on a lock, a pipe or a peer that never answers gets none;
 * spinning: it used ``SILENT_CPU_SECONDS`` of CPU time without writing a byte (a loop that never ends).
 
-Either limit is far above what a correct run comes near: the longest silent stretch of the suite is a two-process
-job, about 4 minutes of CPU time over both ranks, and nothing in a correct run waits more than a few minutes on
-another process. A hung process's Python stacks are dumped into its output (SIGABRT, which faulthandler answers;
-:func:`run_watched` and the launches turn it on) before it is ended, so that the failure names what hung and where.
+Either limit is far above what a correct run comes near. Measured with both cores busy besides (the kernels, the
+launches, the subprocess and two-rank tests, twice): 19 s of CPU time at most without output (a case of the Triton
+interpreter's re-run) and 13 s at most without either (the GPU runbook's dry run).
+
+A hung process's Python stacks are dumped into its output (SIGABRT, which faulthandler answers; :func:`run_watched`
+and the launches turn it on) before it is ended, so that the failure names what hung and where.
 """
 
 import os
