@@ -57,16 +57,37 @@ def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
 
 
+# Ports for the engines' process groups: below Linux's ephemeral range (32768 and up), where no outgoing connection
+# takes one, and a range of their own for each pytest worker.
+ENGINE_PORTS = 500
+_last_port: list[int] = []
+
+
+def next_engine_port() -> int:
+    """A free port this test process has not handed to an engine before."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 20000 + ENGINE_PORTS * int(worker or 0)
+    start = _last_port[-1] + 1 if _last_port else first
+    for port in range(start, first + ENGINE_PORTS):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("localhost", port))
+            except OSError:
+                continue
+        _last_port.append(port)
+        return port
+    raise RuntimeError(f"no free port left in {first}..{first + ENGINE_PORTS - 1} for a vLLM engine")
+
+
 def in_child(function, *args, **keyword):
     """Run ``function(*args, **keyword)`` in a forked child; fail with what it printed unless it returned."""
+    # TRL's colocate mode gives vLLM's process group the port MASTER_PORT names, or else the first of a few fixed
+    # ports that is free when it looks (29500 first): two engines starting at once on one machine (the lane's two
+    # workers) could both take it. Each child gets a port of its own.
+    port = next_engine_port()
 
     def run():
-        # TRL's colocate mode gives vLLM's process group the port MASTER_PORT names, or else the first of a few fixed
-        # ports that is free when it looks (29500 first): two engines starting at once on one machine (the lane's two
-        # workers) could both take it. Each child names a port the system has just handed out.
-        with socket.socket() as probe:
-            probe.bind(("localhost", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(port)
         function(*args, **keyword)
 
     run.__name__ = function.__name__
