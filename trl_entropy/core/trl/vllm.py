@@ -173,7 +173,6 @@ def check_vllm_arguments(args, model) -> None:
             f"{config.max_position_embeddings}, or leave it unset to use the model's."
         )
     if args.vllm_mode == "colocate" and vllm_on_cpu():
-        check_vllm_cpu_names()
         supported = resolve("vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes")()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if head_size not in supported:
