@@ -163,8 +163,8 @@ def panel_title(title: str, key: str) -> str:
 
 
 def metrics(folder: Path) -> str:
-    """docs/getting_started.md's table of the methods' own metrics: each with the names that log it and its picture
-    in the run report."""
+    """docs/report.md's table of the methods' own metrics: each with the names that log it and its picture in the run
+    report."""
     rows = []
     for spec in SPECS:
         for metric in spec.metrics:
@@ -178,8 +178,18 @@ def metrics(folder: Path) -> str:
     return table(["metric", "logged by", "report panel"], rows)
 
 
+def evidence_link(spec: MethodSpec, folder: Path) -> str:
+    """Where a method's measured results are summed up: its page's "Results" section, which links the records in
+    benchmarks/results/; the base's (plain GRPO, TRL's bonus) are the demo's."""
+    link = page_link(spec, folder)
+    if link is None:
+        return f"[demo.md#results]({Path(os.path.relpath(ROOT / 'docs' / 'demo.md', folder)).as_posix()}#results)"
+    return f"[{spec.key}.md#results]({link}#results)"
+
+
 def which_method(folder: Path) -> str:
-    """docs/getting_started.md's "Which method": one row per method (per name where its names are told apart)."""
+    """docs/getting_started.md's "Which method": one row per method (per name where its names are told apart), with
+    the link to its evidence."""
     rows = []
     for spec in SPECS:
         groups: dict = {}
@@ -189,8 +199,9 @@ def which_method(folder: Path) -> str:
             take = ", ".join(f"`--method {name}`" for name in names)
             take = f"{spec.name} ({take})" if spec.name else take
             link = page_link(spec, folder)
-            rows.append([cell(choose_when), take, f"[{spec.key}.md]({link})" if link else "this page"])
-    return table(["you want", "take", "page"], rows)
+            page = f"[{spec.key}.md]({link})" if link else "this page"
+            rows.append([cell(choose_when), take, page, evidence_link(spec, folder)])
+    return table(["you want", "take", "page", "evidence"], rows)
 
 
 def panels(folder: Path) -> str:

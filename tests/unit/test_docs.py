@@ -506,19 +506,23 @@ def test_which_method_table_offers_every_method():
             trainer is not BASE_TRAINER and f"]({method_page(trainer)})" in table
         )
         assert offered, f"getting_started.md's 'Which method' table offers neither `--method {name}` nor its page"
-    assert all(want for want, _, _ in table_rows(table)), "a row of 'Which method' says nothing of what you want"
+    assert all(want for want, *_ in table_rows(table)), "a row of 'Which method' says nothing of what you want"
 
 
 def test_what_to_watch_names_every_method_metric_and_who_logs_it():
-    """getting_started.md's "What to watch": the metrics every trainer logs, then each method's own, each with the
-    names that log it."""
+    """getting_started.md's "What to watch": the metrics every trainer logs; report.md's "Each method's metrics": each
+    method's own, each with the names that log it."""
     from _support.methods import METHOD_METRIC  # a metric only that method logs
 
     section = passage(read("docs/getting_started.md"), "## 5. What to watch", "## 6.")
     listed = re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+    assert {"entropy", "entropy/cov_logp_adv"} <= set(listed), listed
+    assert "](report.md#each-methods-metrics)" in section, "What to watch no longer links the methods' metrics"
+    section = passage(read("docs/report.md"), "## Each method's metrics", "\n## ")
+    listed += re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
     for name, metric in METHOD_METRIC.items():
-        assert metric in listed, f"getting_started.md's metrics tables leave out {metric} ({name})"
-    generated = table_rows(region("metrics", "docs/getting_started.md"))
+        assert metric in listed, f"the metrics tables of getting_started.md and report.md leave out {metric} ({name})"
+    generated = table_rows(region("metrics", "docs/report.md"))
     logged_by = {metric.strip("`"): names for metric, names, _ in generated}
     for name, entry in METHODS.items():
         for metric in entry.metrics:
