@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from trl_entropy.core.places import PLACES
 from trl_entropy.core.trl.objectives import LOSS_TYPES
-from trl_entropy.methods import AXES, GRPO, METHODS, SPECS, MethodSpec
+from trl_entropy.methods import GRPO, METHODS, SPECS, MethodSpec
 from trl_entropy.methods.compose import controls_entropy
 from trl_entropy.report import controller_panels, entropy_targets
 
@@ -219,20 +220,25 @@ def panels(folder: Path) -> str:
     return table(["panel", "logged as", "drawn"], rows)
 
 
-def axes(folder: Path) -> str:
-    """docs/composing.md's table: the axes in their order, each with the names acting on it and how many may."""
+def places(folder: Path) -> str:
+    """docs/composing.md's table: the places of the step in the order they are asked, each with its seam, its rule
+    for several answers, when it is asked, the names acting there (an axis: the first place a name acts on) and how
+    many may."""
     rows = []
-    for place, axis in sorted(AXES.items(), key=lambda item: item[1].order):
-        names = [name for name, entry in METHODS.items() if controls_entropy(entry) and entry.acts_on[0] is place]
+    for order, (place, rule) in enumerate(PLACES.items(), start=1):
+        names = [name for name, entry in METHODS.items() if controls_entropy(entry) and place in entry.acts_on]
         rows.append(
             [
-                str(axis.order),
-                axis.name,
+                str(order),
+                rule.title + ("" if rule.axis else " (no axis)"),
+                f"`{rule.seam}`",
+                rule.rule.value,
+                rule.when,
                 ", ".join(f"`{name}`" for name in names) or "—",
-                "any" if axis.several else "one",
+                "one" if rule.axis and not rule.several else "any",
             ]
         )
-    return table(["order", "axis", "methods", "how many"], rows)
+    return table(["order", "place", "seam", "rule", "asked", "methods", "how many"], rows)
 
 
 def loss_types(folder: Path) -> str:
@@ -258,7 +264,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "metrics": metrics,
     "which-method": which_method,
     "panels": panels,
-    "axes": axes,
+    "places": places,
     "loss-types": loss_types,
 }
 

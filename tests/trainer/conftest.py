@@ -11,6 +11,7 @@ FILES = {
     "test_model_families.py": "loss_step",
     "test_real_model.py": "loss_step",
     "test_resume_state.py": "loss_step",
+    "test_places.py": "loss_step",
     "test_base.py": by_model,
     "test_vllm.py": by_model,
 }

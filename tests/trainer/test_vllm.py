@@ -214,8 +214,8 @@ def test_correction_scales_each_methods_policy_term(method, sequence_level, toy_
         trainer.apply_gates = types.MethodType(gates, trainer)
         return trainer.compute_loss(trainer.model, dict(inputs)).item()
 
-    def corrected(self, batch, ratio, advantages, per_token_loss, step_inputs):
-        gated = method_gates(self, batch, ratio, advantages, per_token_loss, step_inputs)
+    def corrected(self, batch, ratio, advantages, per_token_loss, step_inputs, metrics):
+        gated = method_gates(self, batch, ratio, advantages, per_token_loss, step_inputs, metrics)
         return gated * inputs["importance_sampling_ratio"]
 
     with_vllm = loss(True)

@@ -437,15 +437,15 @@ def test_docs_index_lists_each_method_page_once():
     assert listed == [trainer.__name__ for trainer in METHOD_TRAINERS]
 
 
-def test_composing_axes_table_is_the_registry():
-    """docs/composing.md's table of axes: the axes in their order, each with the names acting on it (the first place
-    their entry's ``acts_on`` names) and whether several may act on it."""
+def test_composing_places_table_is_the_table_of_places():
+    """docs/composing.md's table of places: every place in the order the step asks it, with its seam, its rule, when
+    it is asked, the names acting there (whose entry's ``acts_on`` names it) and whether several may act there."""
     from trl_entropy.core.config import EntropyGRPOBaseConfig
-    from trl_entropy.methods import AXES
+    from trl_entropy.methods import PLACES
 
     documented = [
-        (int(order), axis, re.findall(r"`(\w+)`", methods), how_many)
-        for order, axis, methods, how_many in table_rows(region("axes", "docs/composing.md"))
+        (int(order), place, seam.strip("`"), rule, asked, re.findall(r"`(\w+)`", methods), how_many)
+        for order, place, seam, rule, asked, methods, how_many in table_rows(region("places", "docs/composing.md"))
     ]
     # A name controls the entropy unless it is plain GRPO: the base's config with no setting of its own.
     controls = {
@@ -454,15 +454,20 @@ def test_composing_axes_table_is_the_registry():
     }
     expected = [
         (
-            axis.order,
-            axis.name,
-            [name for name, entry in METHODS.items() if controls[name] and entry.acts_on[0] == place],
-            "any" if axis.several else "one",
+            order,
+            rule.title if rule.axis else f"{rule.title} (no axis)",
+            rule.seam,
+            rule.rule.value,
+            rule.when,
+            [name for name, entry in METHODS.items() if controls[name] and place in entry.acts_on],
+            "one" if rule.axis and not rule.several else "any",
         )
-        for place, axis in sorted(AXES.items(), key=lambda item: item[1].order)
+        for order, (place, rule) in enumerate(PLACES.items(), start=1)
     ]
     assert documented == expected
-    assert sorted(name for _, _, names, _ in documented for name in names) == sorted(n for n in METHODS if controls[n])
+    axes = [names for (*_, names, _), rule in zip(documented, PLACES.values(), strict=True) if rule.axis]
+    every_axis = sorted(name for names in axes for name in names)
+    assert every_axis == sorted(n for n in METHODS if controls[n])  # each name on exactly one axis
 
 
 def test_report_page_describes_every_panel_the_report_draws():

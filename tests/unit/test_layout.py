@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from trl_entropy.core.control import Controller
 from trl_entropy.core.parts import MethodPart
 from trl_entropy.core.trainer import EntropyGRPOTrainer
-from trl_entropy.methods import METHODS, SPECS, Place
+from trl_entropy.methods import METHODS, PLACES, SPECS, Place
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,27 +274,24 @@ def test_no_class_swaps_itself_and_no_module_answers_for_missing_names():
     assert hooks and all(path.name == "__init__.py" and "_PUBLIC" in path.read_text() for path in hooks), hooks
 
 
-# The seam of MethodPart that each place of the loss step is filled through.
-SEAMS = {
-    Place.GROUP_BASELINE: "group_baseline",
-    Place.ROLLOUT_REJECTION: "reject_rollouts",
-    Place.ADVANTAGES: "token_advantages",
-    Place.SURROGATE: "surrogate",
-    Place.GATES: "gate",
-    Place.KL: "penalty",
-    Place.REGULARISER: "regulariser",
-    Place.CLIP_RANGE: "clip_range",
-}
-
-
 @pytest.mark.parametrize("spec", [spec for spec in SPECS if spec.config_class.method_parts], ids=lambda s: s.key)
 def test_each_methods_part_fills_exactly_the_seams_of_its_places(spec):
-    """``acts_on`` is what the part does: the seams its part overrides are those of the places it declares."""
-    assert set(SEAMS) == set(Place)
+    """``acts_on`` is what the part does: the seams its part overrides are those of the places it declares, and its
+    first place is one a method may take as its axis."""
+    assert set(PLACES) == set(Place)
     (part,) = spec.config_class.method_parts
-    filled = {seam for seam in SEAMS.values() if getattr(part, seam) is not getattr(MethodPart, seam)}
-    assert filled == {SEAMS[place] for place in spec.acts_on}
+    filled = {rule.seam for rule in PLACES.values() if getattr(part, rule.seam) is not getattr(MethodPart, rule.seam)}
+    assert filled == {PLACES[place].seam for place in spec.acts_on}
+    assert PLACES[spec.acts_on[0]].axis
     assert part.key == spec.key
+
+
+def test_every_seam_of_a_part_is_a_place_or_a_stage_of_the_cycle():
+    """MethodPart has no seam the step never asks: each public method is a place's seam, or one of the stages outside
+    the places (controllers, the generation batch, checkpoints)."""
+    stages = {"controllers", "on_generation_batch", "rank_checkpoint_state", "restore_rank_checkpoint_state", "args"}
+    public = {name for name in vars(MethodPart) if not name.startswith("_")} - {"key", "needs_rollout_entropy"}
+    assert public - {"carried_token_keys"} == {rule.seam for rule in PLACES.values()} | stages
 
 
 def test_nothing_cites_a_file_outside_the_repository():

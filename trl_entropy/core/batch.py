@@ -41,6 +41,8 @@ class CompletionBatch:
         carried: the per-token tensors of this micro-batch that the parts asked to carry from its generation batch
             (the keys of their ``carried_token_keys``, each ``(B, T)``), e.g. a selection made once per generation
             batch.
+        world_means: in training, ``{statistic: token mean over every rank}`` of this micro-batch for each statistic
+            a controller of cadence ``"micro_batch"`` reads (EntroPIC's entropy); it moves on them after the step.
     """
 
     log_probs: torch.Tensor
@@ -56,3 +58,4 @@ class CompletionBatch:
     top_p_entropy: torch.Tensor | None = None
     top_p_set_size: torch.Tensor | None = None
     carried: dict[str, torch.Tensor] = field(default_factory=dict)
+    world_means: dict[str, float] = field(default_factory=dict)

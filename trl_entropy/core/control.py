@@ -8,10 +8,11 @@ every rank, so every rank holds the same value (the methods' papers move their c
 see docs/adding_a_method.md). ``state_dict()`` goes into each checkpoint through :class:`EntropyControlState` and
 ``load_state_dict()`` restores it.
 
-A controller of cadence ``"micro_batch"`` moves at every training micro-batch instead, on that micro-batch's token mean
-over every rank (:meth:`ControllerCycle.update_micro_batch`), before the loss step's regularisers read it: the
-cycle neither sums a statistic for it nor calls its ``update`` at the cycle's end, and still carries its state in every
-checkpoint and logs its metrics at every optimizer step.
+A controller of cadence ``"micro_batch"`` moves after every training micro-batch instead, on that micro-batch's token
+mean over every rank (:meth:`ControllerCycle.micro_batch_means`, which the loss step's batch carries, so that the
+method's part can read the value the move gives, :meth:`Controller.value_after`): the cycle neither sums a statistic
+for it nor calls its ``update`` at the cycle's end, and still carries its state in every checkpoint and logs its
+metrics at every optimizer step. Controllers move only after the loss step; parts read them.
 """
 
 import math
@@ -29,7 +30,7 @@ class Controller(ABC):
     """Base class. Subclasses set ``name`` (its key in checkpoints), ``statistic``: the ``CompletionBatch`` field whose
     token mean drives it (``"entropy"`` or ``"clamped_entropy"``), and may set ``cadence``: ``"cycle"`` (the mean over
     a generation cycle, one update at the optimizer step that ends it) or ``"micro_batch"`` (the mean over each
-    training micro-batch, one update before its regularisers)."""
+    training micro-batch, one update after its loss step)."""
 
     name: str
     statistic: str
@@ -38,6 +39,14 @@ class Controller(ABC):
     @abstractmethod
     def update(self, mean_statistic: float, step: int) -> None:
         """Take the mean statistic of the generation cycle that optimizer step ``step`` (1-based) ends."""
+
+    def value_after(self, mean_statistic: float) -> float:
+        """The value ``update`` would give on ``mean_statistic``, without moving (a non-finite mean holds it)."""
+        raise NotImplementedError(f"controller {self.name!r} moves once per cycle: read its value")
+
+    def follow_schedule(self, trainer) -> None:  # noqa: B027 (most controllers follow no schedule)
+        """After each training micro-batch, before any move: take what a schedule gives for the running step (the
+        box a coefficient stays in). Nothing by default."""
 
     @abstractmethod
     def state_dict(self) -> dict:
@@ -205,19 +214,22 @@ class ControllerCycle:
             previous = self.statistics.get(statistic)
             self.statistics[statistic] = sums if previous is None else previous + sums
 
-    def update_micro_batch(self, batch, step: int) -> None:
-        """Update every controller of cadence ``"micro_batch"`` on the token mean of its statistic over this training
-        micro-batch on every rank (collective, when there is such a controller); ``step`` is the optimizer step it is
-        part of (1-based)."""
+    def micro_batch_means(self, batch) -> dict[str, float]:
+        """The token mean over every rank of this training micro-batch of each statistic a controller of cadence
+        ``"micro_batch"`` reads (collective, when there is such a controller; NaN where no rank has a valid token)."""
         names = self._statistics("micro_batch")
         if not names:
-            return
+            return {}
         totals = self.reduce_sum(torch.stack([statistic_sums(batch, name) for name in names]))
-        sums = dict(zip(names, totals.tolist(), strict=True))
+        sums = zip(names, totals.tolist(), strict=True)
+        return {name: total / count if count > 0 else math.nan for name, (total, count) in sums}
+
+    def update_micro_batch(self, means: dict[str, float], step: int) -> None:
+        """Update every controller of cadence ``"micro_batch"`` on its statistic's ``means`` over a training
+        micro-batch (:meth:`micro_batch_means`); ``step`` is the optimizer step it is part of (1-based)."""
         for controller in self.controllers.values():
             if controller.cadence == "micro_batch":
-                total, count = sums[controller.statistic]
-                update_or_hold(controller, total / count if count > 0 else math.nan, step, "a micro-batch of")
+                update_or_hold(controller, means[controller.statistic], step, "a micro-batch of")
 
     def _statistics(self, cadence: str) -> list[str]:
         return sorted({c.statistic for c in self.controllers.values() if c.cadence == cadence})

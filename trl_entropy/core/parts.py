@@ -3,34 +3,24 @@
 A method is data to the loss step: its config names its parts (``method_parts``), the trainer builds one of each, and
 ``EntropyGRPOTrainer.loss_step`` asks every part for each seam in turn, in the order of the config's parts (the axis
 order). A seam a part leaves at its default contributes nothing. Each seam returns its value and the metrics it
-measured, ``(value, metrics)``; the loss step records the metrics (``TokenMean`` values are averaged over every rank's
-tokens there, a collective every rank makes in the same order).
+measured, ``(value, metrics)``; the step returns the metrics, and they are reduced over the ranks after it
+(``core.statistics``: a ``TokenMean`` is averaged over every rank's tokens, a ``WorldSum`` added, a ``Gathered``
+gathered), so a seam makes no collective for its metrics. How several parts' answers at one seam combine, and in which
+order the seams are asked: ``core/places.py``.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .batch import CompletionBatch
 from .control import Controller
+from .statistics import Gathered, Metrics, TokenMean, WorldSum
 from .warn import warn_user
 
 
-if TYPE_CHECKING:
-    from .trainer import EntropyGRPOTrainer
-
-
-@dataclass
-class TokenMean:
-    """A metric logged as the mean of ``values`` over the valid tokens of every rank (``mask``: the tokens counted)."""
-
-    values: torch.Tensor
-    mask: torch.Tensor
-
-
-# A seam's metrics: name -> a number already the same on every rank, or a TokenMean to reduce.
-Metrics = dict[str, "float | TokenMean"]
+__all__ = ["Gathered", "MethodPart", "Metrics", "TokenGate", "TokenMean", "TopPRule", "WorldSum"]
 
 
 @dataclass
@@ -63,16 +53,17 @@ class TopPRule:
 class MethodPart:
     """One method's seams. Every default contributes nothing, so a part fills only the seams of the places it acts.
 
-    ``key`` is the method's registry key (its metrics' prefix, ``trainer.part(key)``); ``trainer`` the trainer it
-    belongs to, whose ``args`` hold the method's fields. ``needs_rollout_entropy``: it reads ``batch.old_entropy``.
-    ``carried_token_keys``: the ``(B, T)`` tensors its ``on_generation_batch`` adds to the generation batch.
+    ``key`` is the method's registry key (its metrics' prefix, ``trainer.part(key)``); ``trainer`` the
+    ``EntropyGRPOTrainer`` it belongs to, whose ``args`` hold the method's fields. ``needs_rollout_entropy``: it reads
+    ``batch.old_entropy``. ``carried_token_keys``: the ``(B, T)`` tensors its ``on_generation_batch`` adds to the
+    generation batch.
     """
 
     key: ClassVar[str]
     needs_rollout_entropy: ClassVar[bool] = False
     carried_token_keys: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, trainer: "EntropyGRPOTrainer"):
+    def __init__(self, trainer):
         self.trainer = trainer
 
     @property
@@ -138,11 +129,6 @@ class MethodPart:
     ) -> tuple[TokenGate | None, Metrics]:
         """A gate on the per-token loss; None lets every token through as it is."""
         return None, {}
-
-    def move_controllers(self, batch: CompletionBatch) -> Metrics:
-        """Move the controllers of cadence ``"micro_batch"`` on this training micro-batch, before the regulariser
-        reads them. Collective where the statistic is world-wide."""
-        return {}
 
     def regulariser(self, batch: CompletionBatch) -> tuple[torch.Tensor | None, Metrics]:
         """A scalar added to each micro-batch's loss, before the loss step divides it by the accumulation steps."""

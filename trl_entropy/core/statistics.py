@@ -1,7 +1,12 @@
 """The masked statistics every trainer shares: token means, per-sequence means, and the covariance of log-prob and
 advantage whose sign predicts the entropy change (Cui et al., "The Entropy Mechanism of Reinforcement Learning for
 Reasoning Language Models", arXiv:2505.22617, Thm. 1; Petrenko et al., "Entropy-Preserving Reinforcement Learning",
-arXiv:2603.11682, Cor. 1). Pure functions, except :func:`global_token_mean`, which reduces across ranks."""
+arXiv:2603.11682, Cor. 1). Pure functions, except :func:`global_token_mean`, which reduces across ranks; and the
+metrics that are reduced across ranks after the loss step (``TokenMean``, ``WorldSum``, ``Gathered``), each a value of
+this rank with the rule that makes it the same on every rank."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -92,3 +97,53 @@ def replace_tail(log, values: list) -> None:
     for _ in range(min(len(values), len(log))):
         log.pop()
     log.extend(values)
+
+
+@dataclass
+class TokenMean:
+    """A metric logged as the mean of ``values`` over the valid tokens of every rank (``mask``: the tokens counted)."""
+
+    values: torch.Tensor
+    mask: torch.Tensor
+
+    def reduce(self, accelerator) -> float:
+        return global_token_mean(accelerator, self.values, self.mask)
+
+
+@dataclass
+class WorldSum:
+    """A metric logged as ``finish`` of ``sums``, added over every rank."""
+
+    sums: torch.Tensor
+    finish: Callable[[torch.Tensor], float]
+
+    def reduce(self, accelerator) -> float:
+        return self.finish(accelerator.reduce(self.sums, reduction="sum"))
+
+
+@dataclass
+class Gathered:
+    """A metric logged as ``finish`` of ``values`` gathered from every rank (``for_metrics``: as
+    ``accelerator.gather_for_metrics`` gathers, without an evaluation's padded duplicates)."""
+
+    values: torch.Tensor
+    finish: Callable[[torch.Tensor], float]
+    for_metrics: bool = False
+
+    def reduce(self, accelerator) -> float:
+        gather = accelerator.gather_for_metrics if self.for_metrics else accelerator.gather
+        return self.finish(gather(self.values))
+
+
+REDUCED_ACROSS_RANKS = (TokenMean, WorldSum, Gathered)
+# A seam's metrics: name -> a number already the same on every rank, or one of the above, reduced after the step.
+Metrics = dict[str, "float | TokenMean | WorldSum | Gathered"]
+
+
+def reduce_metrics(accelerator, metrics: list[tuple[str, object]]) -> list[tuple[str, float]]:
+    """Every metric ``(name, value)`` as the same number on every rank. The reductions run here, in the metrics'
+    order: every rank holds the same names in the same order, so the collectives match."""
+    return [
+        (name, value.reduce(accelerator) if isinstance(value, REDUCED_ACROSS_RANKS) else value)
+        for name, value in metrics
+    ]

@@ -15,6 +15,7 @@ current generation cycle travel in every checkpoint (``trainer_state.json``), pu
 """
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -34,14 +35,25 @@ from .head import (
     unsupported_head_reason,
     unsupported_head_reason_at,
 )
-from .parts import MethodPart, Metrics, TokenGate, TokenMean, TopPRule
+from .parts import MethodPart, TokenGate, TopPRule
+from .places import PLACES, Place, fold
 from .schedules import ENTROPY_COEF_SCHEDULE
-from .statistics import global_token_mean
+from .statistics import Gathered, TokenMean, global_token_mean, reduce_metrics
 from .trl.advantages import advantages_around_baseline, summed_rewards
 from .trl.bridge import TRLBridge
 from .trl.metrics import loss_step_metrics
 from .trl.objectives import TOKEN_SUM_LOSS_TYPES, aggregate_loss, k3_kl
 from .trl.surrogates import importance_ratio, policy_surrogate, vespo_weights
+
+
+@dataclass
+class LossStep:
+    """What ``loss_step`` gives for one micro-batch: its ``loss``, the ``batch`` its steps saw, and its ``metrics``
+    ``(name, value)`` in the order the steps measured them, not yet reduced over the ranks."""
+
+    loss: torch.Tensor
+    batch: CompletionBatch
+    metrics: list[tuple[str, object]]
 
 
 def generation_batch_mask(inputs: dict) -> torch.Tensor:
@@ -106,12 +118,27 @@ class EntropyGRPOTrainer(TRLBridge):
     def needs_rollout_entropy(self) -> bool:
         return any(part.needs_rollout_entropy for part in self.parts)
 
-    def record_metrics(self, mode: str, metrics: Metrics) -> None:
-        """Record a seam's metrics; a ``TokenMean`` is averaged over every rank's tokens (collective)."""
-        for name, value in metrics.items():
-            if isinstance(value, TokenMean):
-                value = global_token_mean(self.accelerator, value.values, value.mask)
+    def record_metrics(self, mode: str, metrics: list[tuple[str, object]]) -> None:
+        """Record metrics ``(name, value)``, reduced over the ranks first (collective: ``reduce_metrics``)."""
+        for name, value in reduce_metrics(self.accelerator, metrics):
             self.record_metric(mode, name, value)
+
+    def at(self, place: Place, start, ask, metrics: list | None = None, apply=None):
+        """The value ``place`` gives: ``start`` and each part's answer, ``ask(part, value so far)``, combined by the
+        place's rule (``core/places.py``); the seams' own metrics are added to ``metrics``."""
+        reports_metrics = PLACES[place].reports_metrics
+
+        def asker(part):
+            def answer(value):
+                if not reports_metrics:
+                    return ask(part, value)
+                result, measured = ask(part, value)
+                metrics.extend(measured.items())
+                return result
+
+            return answer
+
+        return fold(PLACES[place].rule, [asker(part) for part in self.parts], start, apply)
 
     def rank_checkpoint_state(self) -> dict[str, object]:
         """This rank's extra checkpoint state: every part's."""
@@ -145,25 +172,35 @@ class EntropyGRPOTrainer(TRLBridge):
         ``on_generation_batch``."""
         num_generations = self.num_generations if self.mode == "train" else self.num_generations_eval
         rewards = summed_rewards(self._gathered_rewards, self.reward_weights)
-        for part in self.parts:
-            baseline, metrics = part.group_baseline(rewards.view(-1, num_generations))
-            self.record_metrics(self.mode, metrics)  # every rank has the same gathered rewards: the same values
-            if baseline is not None:  # this rank's rows of TRL's advantages around it, as TRL slices them
-                if self.multi_objective_aggregation != "sum_then_normalize":
-                    raise ValueError(f"{part.key} needs multi_objective_aggregation='sum_then_normalize'.")
-                group_advantages = advantages_around_baseline(rewards, num_generations, self.scale_rewards, baseline)
-                output["advantages"] = group_advantages[self.accelerator.process_index * rows :][:rows]
-                self.replace_logged_advantages(group_advantages.tolist())  # the completions table shows them too
+        metrics = []  # every rank has the same gathered rewards: the same group baselines
+        grouped = rewards.view(-1, num_generations)
+        baseline = self.at(Place.GROUP_BASELINE, None, lambda part, _: part.group_baseline(grouped), metrics)
+        if baseline is not None:  # this rank's rows of TRL's advantages around it, as TRL slices them
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                baselines = ", ".join(self.parts_at(Place.GROUP_BASELINE))
+                raise ValueError(f"{baselines} needs multi_objective_aggregation='sum_then_normalize'.")
+            group_advantages = advantages_around_baseline(rewards, num_generations, self.scale_rewards, baseline)
+            output["advantages"] = group_advantages[self.accelerator.process_index * rows :][:rows]
+            self.replace_logged_advantages(group_advantages.tolist())  # the completions table shows them too
         own_rewards = rewards[self.accelerator.process_index * rows :][:rows]
-        for part in self.parts:
-            advantages, metrics = part.reject_rollouts(own_rewards, output["advantages"], output)
-            self.record_metrics(self.mode, metrics)
-            if advantages is not None:
-                output["advantages"] = advantages
-                self.replace_logged_advantages(self.accelerator.gather(advantages).tolist())
+        advantages = self.at(
+            Place.ROLLOUT_REJECTION,
+            output["advantages"],
+            lambda part, advantages: part.reject_rollouts(own_rewards, advantages, output),
+            metrics,
+        )
+        if advantages is not output["advantages"]:
+            output["advantages"] = advantages
+            self.replace_logged_advantages(self.accelerator.gather(advantages).tolist())
+        self.record_metrics(self.mode, metrics)
         for part in self.parts:
             part.on_generation_batch(output)
         return output
+
+    def parts_at(self, place: Place) -> list[str]:
+        """The keys of the parts that act at ``place``."""
+        seam = PLACES[place].seam
+        return [part.key for part in self.parts if getattr(type(part), seam) is not getattr(MethodPart, seam)]
 
     def generation_batch_entropy(self, output: dict) -> float:
         """The rollout policy's mean entropy over the valid tokens of every rank's generation batch ``output``: the one
@@ -227,49 +264,86 @@ class EntropyGRPOTrainer(TRLBridge):
             model, input_ids, attention_mask, request, batch_size, self.accelerator.autocast, multimodal
         )
 
-    def loss_step(self, model, inputs):
-        """GRPO's loss of one micro-batch, in the order its steps run; each step that a method can change asks every
-        part for its seam (``core/parts.py``). The group baseline acts before, once per generation batch
-        (``finish_generation_batch``), and gives ``batch.group_advantages``. Logs the step's metrics."""
+    def loss_step(self, model, inputs) -> LossStep:
+        """GRPO's loss of one micro-batch, in the order its steps run; each step that a method can change asks the
+        parts at its place and combines their answers by the place's rule (``core/places.py``). The group baseline
+        and the rollout rejection act before, once per generation batch (``finish_generation_batch``), and give
+        ``batch.group_advantages``. The step moves no controller and reduces no metric: ``after_loss_step`` does."""
+        metrics: list[tuple[str, object]] = []
         scored = self.score_micro_batch(model, inputs)  # 1. score
         batch = self.completion_batch(inputs, scored)  # 2. batch
-        token_advantages = self.token_advantages(batch)  # 3. token advantages
+        token_advantages = self.token_advantages(batch, metrics)  # 3. token advantages
         ratio = self.ratio(batch)  # 4. importance ratio
-        per_token_loss = self.surrogate(batch, ratio, token_advantages)  # 5. surrogate
-        per_token_loss = self.add_penalties(batch, ratio, token_advantages, per_token_loss)  # 6. penalties
-        per_token_loss = self.apply_gates(batch, ratio, token_advantages, per_token_loss, inputs)  # 7. gates
-        per_token_kl = self.reference_kl(batch, ratio, inputs)  # 8. reference KL
+        clip_range = self.clip_range()  # 5. clip range
+        per_token_loss = self.surrogate(batch, ratio, token_advantages, clip_range, metrics)  # 6. surrogate
+        per_token_loss = self.add_penalties(batch, ratio, token_advantages, per_token_loss, metrics)  # 7. penalties
+        per_token_loss = self.apply_gates(batch, ratio, token_advantages, per_token_loss, inputs, metrics)  # 8. gates
+        per_token_kl = self.reference_kl(batch, ratio, inputs)  # 9. reference KL
         if per_token_kl is not None:
             per_token_loss = per_token_loss + self.beta * per_token_kl
-        policy_loss, loss = self.aggregate(batch, per_token_loss, inputs)  # 9. aggregation
-        self.move_micro_batch_controllers(batch)  # 10. controllers that move every micro-batch
-        loss = self.add_regularisers(batch, loss, policy_loss, scored.router_loss)  # 11. regularisers
-        self.end_micro_batch(batch)  # 12. controllers that move once per cycle
-        self.record_loss_step_metrics(batch, token_advantages, ratio, per_token_kl)  # 13. metrics
-        return loss
+        policy_loss, loss = self.aggregate(batch, per_token_loss, inputs)  # 10. aggregation
+        loss = self.add_regularisers(batch, loss, policy_loss, scored.router_loss, metrics)  # 11. regularisers
+        metrics += self.trl_metrics(batch, token_advantages, ratio, per_token_kl, clip_range)  # 12. TRL's metrics
+        return LossStep(loss, batch, metrics)
+
+    def trl_metrics(self, batch, token_advantages, ratio, per_token_kl, clip_range) -> list[tuple[str, object]]:
+        """The metrics TRL logs for a loss step (entropy, clip fractions, KL) and the covariance of log-prob and token
+        advantage, to be reduced over the ranks."""
+        return loss_step_metrics(batch, token_advantages, ratio, per_token_kl, clip_range, self.loss_type)
+
+    def after_loss_step(self, step: LossStep) -> None:
+        """After each micro-batch's loss step: its metrics reduced over the ranks and recorded; in training, the
+        controllers moved (those of cadence ``"micro_batch"`` on this micro-batch, the others at the optimizer step
+        that ends a cycle), TRL's adaptive coefficient stepped and the scheduled coefficient set."""
+        batch = step.batch
+        self.record_metrics(batch.mode, step.metrics)
+        if batch.mode != "train":
+            return
+        global_step = self.state.global_step + 1
+        self.controller_cycle.update_micro_batch(batch.world_means, global_step)
+        for controller in self.controllers.values():
+            controller.follow_schedule(self)
+        if self.entropy_bonus_enabled:
+            if self.args.entropy_schedule().moves:
+                self.entropy_coef, progress = ENTROPY_COEF_SCHEDULE.now(self)  # TRL's coefficient, which TRL logs
+                if self.accelerator.sync_gradients:
+                    self.record_metric("train", "entropy/schedule_progress", progress)
+            self.step_trl_entropy_coef(batch.entropy, self.entropy_bonus_mask(batch))
+        if self.controllers:
+            self.controller_cycle.add(batch)
+            if self.accelerator.sync_gradients:
+                for name, value in self.controller_cycle.end_optimizer_step(global_step).items():
+                    self.record_metric("train", name, value)
 
     def score_micro_batch(self, model, inputs) -> ScoredCompletions:
-        """The completion tokens' log-probs, entropies, clamped entropies (a part's ``clamp_fraction``) and the MoE
-        router loss, from the entropy head (a vision-language model's images passed on as TRL passes them)."""
+        """The completion tokens' log-probs, entropies, clamped entropies (the parts' largest ``clamp_fraction``) and
+        the MoE router loss, from the entropy head (a vision-language model's images passed on as TRL passes
+        them)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         return self.score_tokens(
             model,
             torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
             torch.cat([inputs["prompt_mask"], completion_mask], dim=1),
             completion_ids.size(1),
-            clamp_fraction=max((part.clamp_fraction() for part in self.parts), default=0.0),
+            clamp_fraction=self.clamp_fraction(),
             aux_loss=self.aux_loss_enabled,
             multimodal=inputs,  # a VLM's image inputs among them
             top_p_rule=self.top_p_rule(),
         )
 
+    def clamp_fraction(self) -> float:
+        """The fraction of the vocabulary the clamped entropy drops: the largest a part asks for (0: none)."""
+        return self.at(Place.CLAMP_FRACTION, 0.0, lambda part, _: part.clamp_fraction())
+
     def top_p_rule(self) -> TopPRule | None:
-        """The top-p set a part asks the kernel for (one regulariser acts: at most one part asks)."""
-        return next((rule for part in self.parts if (rule := part.top_p_rule()) is not None), None)
+        """The top-p set a part asks the kernel for."""
+        return self.at(Place.TOP_P, None, lambda part, _: part.top_p_rule())
 
     def completion_batch(self, inputs, scored: ScoredCompletions) -> CompletionBatch:
         """What every seam sees, complete before any runs: the scores, the tokens that count, the generation batch's
-        group advantages, rollout entropy and carried tensors, and the tokens TRL's high-entropy filter keeps."""
+        group advantages, rollout entropy and carried tensors, the tokens TRL's high-entropy filter keeps, and in
+        training the world means that controllers of cadence ``"micro_batch"`` move on (collective, where there is
+        one)."""
         mask = generation_batch_mask(inputs)
         old_log_probs, group_advantages = inputs.get("old_per_token_logps"), inputs["advantages"]
         carried = {key for part in self.parts for key in part.carried_token_keys}
@@ -289,17 +363,13 @@ class EntropyGRPOTrainer(TRLBridge):
         )
         if self.top_entropy_quantile < 1.0:
             batch.entropy_mask = self.get_high_entropy_mask(scored.entropy, mask, 1 - self.top_entropy_quantile)
+        if batch.mode == "train":
+            batch.world_means = self.controller_cycle.micro_batch_means(batch)
         return batch
 
-    def token_advantages(self, batch: CompletionBatch) -> torch.Tensor:
+    def token_advantages(self, batch: CompletionBatch, metrics: list) -> torch.Tensor:
         """The advantages the surrogate multiplies: a part's, or the group advantages, ``(B, 1)`` or ``(B, T)``."""
-        token_advantages = batch.group_advantages
-        for part in self.parts:
-            shaped, metrics = part.token_advantages(batch)
-            self.record_metrics(batch.mode, metrics)
-            if shaped is not None:
-                token_advantages = shaped
-        return token_advantages
+        return self.at(Place.ADVANTAGES, batch.group_advantages, lambda part, _: part.token_advantages(batch), metrics)
 
     def ratio(self, batch: CompletionBatch) -> torch.Tensor:
         """``r = exp(ℓ − ℓ^old)`` per token, or per sequence with ``importance_sampling_level="sequence"``."""
@@ -307,19 +377,18 @@ class EntropyGRPOTrainer(TRLBridge):
 
     def clip_range(self) -> tuple[float, float]:
         """``(ε_low, ε_high)`` of the PPO clip: a part's, or the config's."""
-        moved = (part.clip_range() for part in self.parts)
-        return next((clip for clip in moved if clip is not None), (self.epsilon_low, self.epsilon_high))
+        return self.at(Place.CLIP_RANGE, (self.epsilon_low, self.epsilon_high), lambda part, _: part.clip_range())
 
-    def surrogate(self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor) -> torch.Tensor:
+    def surrogate(self, batch, ratio, token_advantages, clip_range, metrics: list) -> torch.Tensor:
         """The per-token policy loss: a part's, or the loss type's."""
-        for part in self.parts:
-            per_token_loss, metrics = part.surrogate(batch, ratio, token_advantages)
-            self.record_metrics(batch.mode, metrics)
-            if per_token_loss is not None:
-                return per_token_loss
-        return self.loss_type_surrogate(batch, ratio, token_advantages)
+        per_token_loss = self.at(
+            Place.SURROGATE, None, lambda part, _: part.surrogate(batch, ratio, token_advantages), metrics
+        )
+        if per_token_loss is not None:
+            return per_token_loss
+        return self.loss_type_surrogate(batch, ratio, token_advantages, clip_range, metrics)
 
-    def loss_type_surrogate(self, batch: CompletionBatch, ratio: torch.Tensor, token_advantages: torch.Tensor):
+    def loss_type_surrogate(self, batch, ratio, token_advantages, clip_range, metrics: list) -> torch.Tensor:
         """Per-token surrogate of ``loss_type`` (``core/trl/surrogates.py``):
         ``−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)`` with TRL's two-sided ``delta`` clip for the clipped losses;
         CISPO's, SAPO's or VESPO's otherwise."""
@@ -327,27 +396,24 @@ class EntropyGRPOTrainer(TRLBridge):
         if self.loss_type == "vespo":
             ratios = batch.importance_sampling_ratio
             phi = vespo_weights(batch.log_probs, batch.old_log_probs, token_advantages, batch.mask, ratios, self.args)
-            self.record_metrics(batch.mode, {"vespo/phi_seq_mean": TokenMean(phi, batch.mask)})
-        clip_range = self.clip_range()
+            metrics.append(("vespo/phi_seq_mean", TokenMean(phi, batch.mask)))
         return policy_surrogate(self.loss_type, batch.log_probs, ratio, token_advantages, clip_range, self.args, phi)
 
-    def add_penalties(self, batch, ratio, token_advantages, per_token_loss) -> torch.Tensor:
+    def add_penalties(self, batch, ratio, token_advantages, per_token_loss, metrics: list) -> torch.Tensor:
         """The parts' per-token penalties (KL-Cov's), added to the surrogate before the gates act."""
-        for part in self.parts:
-            penalty, metrics = part.penalty(batch, ratio, token_advantages)
-            self.record_metrics(batch.mode, metrics)
-            if penalty is not None:
-                per_token_loss = per_token_loss + penalty
-        return per_token_loss
+        return self.at(Place.KL, per_token_loss, lambda part, _: part.penalty(batch, ratio, token_advantages), metrics)
 
-    def apply_gates(self, batch, ratio, token_advantages, per_token_loss, inputs) -> torch.Tensor:
+    def apply_gates(self, batch, ratio, token_advantages, per_token_loss, inputs, metrics: list) -> torch.Tensor:
         """The parts' gates in axis order, then TRL's: its off-policy mask (sequences with a negative group advantage
         that drifted too far from the sampler), its high-entropy filter, and its vLLM importance-sampling weight."""
+        per_token_loss = self.at(
+            Place.GATES,
+            per_token_loss,
+            lambda part, _: part.gate(batch, ratio, token_advantages),
+            metrics,
+            apply=TokenGate.apply,
+        )
         gates = []
-        for part in self.parts:
-            gate, metrics = part.gate(batch, ratio, token_advantages)
-            self.record_metrics(batch.mode, metrics)
-            gates.append(gate)
         if self.off_policy_mask_threshold is not None:
             off_policy_mask = self.get_off_policy_mask(
                 advantages=batch.group_advantages,
@@ -362,8 +428,7 @@ class EntropyGRPOTrainer(TRLBridge):
         if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
             gates.append(TokenGate(weight=inputs["importance_sampling_ratio"]))  # VESPO folds it into its weight
         for gate in gates:
-            if gate is not None:
-                per_token_loss = gate.apply(per_token_loss)
+            per_token_loss = gate.apply(per_token_loss)
         return per_token_loss
 
     def reference_kl(self, batch: CompletionBatch, ratio: torch.Tensor, inputs) -> torch.Tensor | None:
@@ -393,70 +458,40 @@ class EntropyGRPOTrainer(TRLBridge):
         )
         return policy_loss, policy_loss / (accumulation if scale else 1.0)
 
-    def move_micro_batch_controllers(self, batch: CompletionBatch) -> None:
-        """Training only: every controller of cadence ``"micro_batch"`` takes the token mean of its statistic over
-        this micro-batch on every rank (one all-reduce), before the regularisers read it."""
-        if batch.mode == "train":
-            self.controller_cycle.update_micro_batch(batch, self.state.global_step + 1)
-
-    def add_regularisers(self, batch, loss, policy_loss, router_loss) -> torch.Tensor:
+    def add_regularisers(self, batch, loss, policy_loss, router_loss, metrics: list) -> torch.Tensor:
         """TRL's entropy bonus, the parts' regularisers and the MoE load-balancing loss, each a token mean of the
         micro-batch divided by the accumulation steps, as TRL scales its own."""
         accumulation = self.accumulation_steps(batch.mode)
         if self.entropy_bonus_enabled:
-            coefficient = self.scheduled_entropy_coef(batch.mode)
+            coefficient = self.scheduled_entropy_coef()
             mask = self.entropy_bonus_mask(batch)
-            bonus = self.trl_entropy_bonus(batch.entropy, mask, policy_loss, batch.mode, coefficient)
-            loss = loss - bonus / accumulation
-        for part in self.parts:
-            regulariser, metrics = part.regulariser(batch)
-            self.record_metrics(batch.mode, metrics)
-            if regulariser is not None:
-                loss = loss + regulariser / accumulation
+            loss = loss - self.trl_entropy_bonus(batch.entropy, mask, coefficient) / accumulation
+            metrics.append(("policy_loss", Gathered(policy_loss.detach(), lambda losses: losses.nanmean().item())))
+        loss = self.at(
+            Place.REGULARISER,
+            loss,
+            lambda part, _: part.regulariser(batch),
+            metrics,
+            apply=lambda regulariser, loss: loss + regulariser / accumulation,
+        )
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * router_loss / accumulation
-            router_loss_mean = self.accelerator.gather_for_metrics(router_loss.detach()).mean().item()
-            self.record_metric(batch.mode, "aux_loss", router_loss_mean)
+            metrics.append(
+                ("aux_loss", Gathered(router_loss.detach(), lambda losses: losses.mean().item(), for_metrics=True))
+            )
         return loss
 
-    def scheduled_entropy_coef(self, mode: str) -> float | None:
-        """The entropy coefficient of ``entropy_coef_schedule`` at the current step (None: no schedule moves it); in
-        training it also becomes TRL's ``entropy_coef``, which TRL logs, and its progress ``u`` is logged."""
+    def scheduled_entropy_coef(self) -> float | None:
+        """The entropy coefficient of ``entropy_coef_schedule`` at the current step (None: no schedule moves it)."""
         if not self.args.entropy_schedule().moves:
             return None
-        coefficient, progress = ENTROPY_COEF_SCHEDULE.now(self)
-        if mode == "train":
-            self.entropy_coef = coefficient
-            if self.accelerator.sync_gradients:
-                self.record_metric("train", "entropy/schedule_progress", progress)
+        coefficient, _ = ENTROPY_COEF_SCHEDULE.now(self)
         return coefficient
 
     @staticmethod
     def entropy_bonus_mask(batch: CompletionBatch) -> torch.Tensor:
         """The tokens TRL's entropy bonus averages over: the valid ones its high-entropy filter keeps."""
         return batch.mask if batch.entropy_mask is None else batch.mask * batch.entropy_mask
-
-    def end_micro_batch(self, batch: CompletionBatch) -> None:
-        """Training only: the cycle's controllers at the optimizer step that ends a cycle, TRL's adaptive coefficient
-        at every optimizer step."""
-        if batch.mode != "train":
-            return
-        if self.entropy_bonus_enabled:
-            self.step_trl_entropy_coef(batch.entropy, self.entropy_bonus_mask(batch))
-        if self.controllers:
-            self.controller_cycle.add(batch)
-            if self.accelerator.sync_gradients:
-                for name, value in self.controller_cycle.end_optimizer_step(self.state.global_step + 1).items():
-                    self.record_metric("train", name, value)
-
-    def record_loss_step_metrics(self, batch, token_advantages, ratio, per_token_kl) -> None:
-        """The metrics TRL logs for a loss step (entropy, clip fractions, KL) and the covariance of log-prob and token
-        advantage."""
-        metrics = loss_step_metrics(
-            self.accelerator, batch, token_advantages, ratio, per_token_kl, self.clip_range(), self.loss_type
-        )
-        for name, value in metrics.items():
-            self.record_metric(batch.mode, name, value)
 
     # ------------------------------------------------------------------------------------------------------------
     # Overrides of transformers.Trainer

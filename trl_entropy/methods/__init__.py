@@ -8,12 +8,13 @@ is built from the declarations, one import line per method; docs/adding_a_method
 
 from ..core.citation import sign_model_card
 from ..core.config import EntropyGRPOBaseConfig
+from ..core.places import PLACES
 from ..core.trainer import EntropyGRPOTrainer
 from .adapo import SPEC as _adapo
 from .aent import SPEC as _aent
 from .ce_gppo import SPEC as _ce_gppo
 from .clip_cov import SPEC as _clip_cov
-from .compose import AXES, SEPARATOR, combine, in_axis_order, methods_config_class, owners_of_fields
+from .compose import SEPARATOR, combine, in_axis_order, methods_config_class, owners_of_fields
 from .ent_adv import SPEC as _ent_adv
 from .entrocraft import SPEC as _entrocraft
 from .entropic import SPEC as _entropic
@@ -56,7 +57,6 @@ GRPO = MethodSpec(
 
 
 __all__ = [
-    "AXES",
     "EntropyGRPOConfig",
     "FIELD_OWNERS",
     "GRPO",
@@ -65,6 +65,7 @@ __all__ = [
     "MethodSpec",
     "Metric",
     "Neutral",
+    "PLACES",
     "Place",
     "Sweep",
     "Variant",

@@ -38,11 +38,9 @@ AENT_BOUNDS = ScheduledBounds("aent_schedule", BAND_AND_BOX, "aent_adaptive", {"
 def aent_coefficient_step(
     coef: float, mean_clamped_entropy: float, low: float, high: float, lr: float, coef_min: float, coef_max: float
 ) -> float:
-    """One step of AEnt's coefficient controller (paper eq. 4.1).
-
-    ``λ − lr · (min(0, H̄ − low) + max(0, H̄ − high))``, then clipped to ``[coef_min, coef_max]``: the coefficient
-    rises by ``lr · (low − H̄)`` below the band, falls by ``lr · (H̄ − high)`` above it, and holds inside it.
-    """
+    """One step of AEnt's coefficient controller (paper eq. 4.1): ``λ − lr · (min(0, H̄ − low) + max(0, H̄ − high))``
+    clipped to ``[coef_min, coef_max]``: it rises by ``lr · (low − H̄)`` below the band, falls by ``lr · (H̄ − high)``
+    above it, and holds inside it."""
     direction = min(0.0, mean_clamped_entropy - low) + max(0.0, mean_clamped_entropy - high)
     return min(max(coef - lr * direction, coef_min), coef_max)
 
@@ -72,12 +70,17 @@ class AEntController(Controller):
         band = (low, high, args.aent_coef_lr, coef_min, coef_max)
         return cls(args.aent_coef_init, *band, args.aent_warmup_steps, args.aent_adaptive, statistic)
 
-    def coef_in(self, bounds: tuple[float, float, float, float], keep: bool) -> float:
-        """``λ`` in the box of the running step's scheduled ``(H_low, H_high, λ_min, λ_max)``; ``keep``: take them."""
-        coef = min(max(self.value, bounds[2]), bounds[3])
-        if keep:  # training: this step's update uses them (before the first step: the widest, see from_config)
-            (self.low, self.high, self.coef_min, self.coef_max), self.value = bounds, coef
-        return coef
+    def coef_in(self, bounds: tuple[float, float, float, float]) -> float:
+        """``λ`` in the box of the scheduled ``(H_low, H_high, λ_min, λ_max)``."""
+        return min(max(self.value, bounds[2]), bounds[3])
+
+    def take_bounds(self, bounds: tuple[float, float, float, float]) -> None:
+        """Take ``(H_low, H_high, λ_min, λ_max)``, ``λ`` into the box: the next update uses them."""
+        (self.low, self.high, self.coef_min, self.coef_max), self.value = bounds, self.coef_in(bounds)
+
+    def follow_schedule(self, trainer) -> None:
+        if AENT_BOUNDS.moves(trainer.args):  # the running step's band and box (before the first: the widest)
+            self.take_bounds(tuple(AENT_BOUNDS.now(trainer).values()))
 
     def update(self, mean_statistic: float, step: int) -> None:
         if not self.adaptive or step <= self.warmup_steps:
@@ -117,8 +120,9 @@ class AEntPart(MethodPart):
         controller, mean = self.trainer.controllers[AEntController.name], masked_mean(entropy, mask)
         if not AENT_BOUNDS.moves(self.args):
             return -controller.value * mean, {}
-        bounds, train = tuple(AENT_BOUNDS.now(self.trainer).values()), batch.mode == "train"  # evaluation only reads
-        return -controller.coef_in(bounds, keep=train) * mean, dict(zip(BOUND_METRICS, bounds)) if train else {}
+        bounds = tuple(AENT_BOUNDS.now(self.trainer).values())
+        metrics = dict(zip(BOUND_METRICS, bounds, strict=True)) if batch.mode == "train" else {}
+        return -controller.coef_in(bounds) * mean, metrics
 
 
 @dataclass
@@ -218,18 +222,13 @@ class AEntTrainer(EntropyGRPOTrainer):
 
     config_class = AEntConfig
 
-    @property
-    def aent_coef(self) -> float:
-        """The current coefficient ``λ`` (the value the next micro-batch's loss uses)."""
-        return self.controllers[AEntController.name].value
-
 
 SPEC = MethodSpec(
     key="aent",
     config_class=AEntConfig,
     trainer_class=AEntTrainer,
     description="AEnt: clamped-entropy bonus, adaptive coefficient",
-    acts_on=(Place.REGULARISER,),
+    acts_on=(Place.REGULARISER, Place.CLAMP_FRACTION),
     metrics=(
         Metric("aent/coef", "AEnt: entropy-bonus coefficient (aent/coef)", "coefficient"),
         Metric("entropy/clamped"),

@@ -1,46 +1,29 @@
 """Methods combined: one config made from the methods that ``entropy_control`` names, whose parts the trainer runs.
 
-Each method acts on one axis of the loss step (the first place its declaration's ``acts_on`` names). A combination
-takes at most one method per axis, except the gates, which all act, one after another, and the axes act in the order
-of ``AXES``: the group baseline's advantages feed the token advantages, which are the surrogate's ``A``; the gates act
-on the surrogate's per-token loss. The combined config lists the methods' parts in that order (``method_parts``), and
-``EntropyGRPOTrainer`` asks each for its seams; it has the methods' configs as its bases, so it takes every selected
-method's fields with their defaults and their checks. One method whose registry name sets no defaults is its own
-config. docs/composing.md.
+Each method acts on one axis of the step (the first place its declaration's ``acts_on`` names). A combination takes
+at most one method per axis, except the gates, which all act, one after another; the axes act in the order of
+``core.places.PLACES``, where each place also says how its answers combine. The combined config lists the methods'
+parts in that order (``method_parts``), and ``EntropyGRPOTrainer`` asks each for its seams; it has the methods'
+configs as its bases, so it takes every selected method's fields with their defaults and their checks. One method
+whose registry name sets no defaults is its own config. docs/composing.md.
 """
 
-from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass, replace
+from dataclasses import MISSING, Field, field, fields, make_dataclass, replace
 
 from ..core.config import FIELD_RULES, EntropyGRPOBaseConfig
+from ..core.places import AXIS_ORDER, PLACES, Place
 from ..core.trainer import EntropyGRPOTrainer
 from ..core.trl.objectives import LOSS_TYPES
-from .spec import MethodSpec, Neutral, Place
+from .spec import MethodSpec, Neutral
 
 
-@dataclass(frozen=True)
-class Axis:
-    """One axis of the loss step: its place in the order, its name, and whether several methods may act on it."""
-
-    order: int
-    name: str
-    several: bool = False
-
-
-AXES: dict[Place, Axis] = {
-    Place.GROUP_BASELINE: Axis(1, "group baseline"),
-    Place.ROLLOUT_REJECTION: Axis(2, "rollout rejection"),
-    Place.ADVANTAGES: Axis(3, "per-token advantage"),
-    Place.SURROGATE: Axis(4, "surrogate"),
-    Place.GATES: Axis(5, "stop-gradient gates", several=True),
-    Place.CLIP_RANGE: Axis(6, "clip bound"),
-    Place.REGULARISER: Axis(7, "entropy regulariser"),
-}
 # Joins the names of a combination: `--method NAME+NAME`, and the combined classes' names.
 SEPARATOR = "+"
 
 
-def axis_of(entry: MethodSpec) -> Axis:
-    return AXES[entry.acts_on[0]]
+def axis_of(entry: MethodSpec) -> Place:
+    """The method's axis: the first place it acts on."""
+    return entry.acts_on[0]
 
 
 def controls_entropy(entry: MethodSpec) -> bool:
@@ -68,7 +51,7 @@ def in_axis_order(names, registry: dict[str, MethodSpec]) -> tuple[str, ...]:
     twice = sorted({name for name in names if list(names).count(name) > 1})
     if twice:
         raise ValueError(f"entropy_control names {twice} more than once; name each method once.")
-    ordered = tuple(sorted(names, key=lambda name: (axis_of(registry[name]).order, choices.index(name))))
+    ordered = tuple(sorted(names, key=lambda name: (AXIS_ORDER[axis_of(registry[name])], choices.index(name))))
     for index, first in enumerate(ordered):
         for second in ordered[index + 1 :]:
             refuse_pair(first, second, registry)
@@ -79,10 +62,10 @@ def refuse_pair(first: str, second: str, registry: dict[str, MethodSpec]) -> Non
     """Two methods on one axis (the gates excepted), and a method that acts through the PPO clip next to one whose
     surrogate has none, are refused, naming both."""
     axis = axis_of(registry[first])
-    if axis is axis_of(registry[second]) and not axis.several:
+    if axis is axis_of(registry[second]) and not PLACES[axis].several:
         raise ValueError(
-            f"entropy_control selects {first!r} and {second!r}, which both act on the {axis.name} (axis {axis.order} "
-            "of the loss step), where only one method acts: choose one of them (docs/composing.md)."
+            f"entropy_control selects {first!r} and {second!r}, which both act on the {PLACES[axis].title} (axis "
+            f"{AXIS_ORDER[axis]} of the step), where only one method acts: choose one of them (docs/composing.md)."
         )
     for needs, replaces in ((first, second), (second, first)):
         if registry[needs].needs_ppo_clip and registry[replaces].replaces_ppo_clip:

@@ -91,6 +91,13 @@ class EntroPICController(Controller):
         self.value = 0.0
         self.integral = 0.0
 
+    def value_after(self, mean_statistic: float) -> float:
+        """``α`` of the training micro-batch whose mean entropy over every rank's valid tokens is ``mean_statistic``
+        (the one :meth:`update` takes after its loss step); a non-finite mean holds ``α``, as the update does."""
+        if not math.isfinite(mean_statistic):
+            return self.value
+        return entropic_pi_step(self.integral, mean_statistic, self.target, self.kp, self.ki, self.weight)[0]
+
     def update(self, mean_statistic: float, step: int) -> None:
         """One training micro-batch, ``mean_statistic`` its mean entropy over every rank's valid tokens."""
         self.value, self.integral = entropic_pi_step(
@@ -123,8 +130,9 @@ class EntroPICPart(MethodPart):
         return [EntroPICController(args.entropic_target, args.entropic_kp, args.entropic_ki, weight)]
 
     def regulariser(self, batch: CompletionBatch) -> tuple[torch.Tensor, Metrics]:
-        """``α`` times the term; ``α`` is the controller's, moved on this micro-batch in training before the
-        regulariser. One all-reduce, which every rank makes: ``[Σ high, Σ m]``."""
+        """``α`` times the term; in training ``α`` is the one the controller takes on this micro-batch's mean entropy
+        (it moves after the loss step), in evaluation the latest. One all-reduce, which every rank makes:
+        ``[Σ high, Σ m]``: the term's normaliser needs it."""
         trainer = self.trainer
         high = high_probability_mask(batch.log_probs, batch.mask, self.args.entropic_high_prob)
         sums = torch.stack([high.float().sum(), batch.mask.float().sum()])
@@ -141,7 +149,11 @@ class EntroPICPart(MethodPart):
             trainer.max_completion_length,
             normaliser,
         )
-        alpha = trainer.controllers[EntroPICController.name].value
+        controller = trainer.controllers[EntroPICController.name]
+        if batch.mode == "train":
+            alpha = controller.value_after(batch.world_means[controller.statistic])
+        else:
+            alpha = controller.value
         return alpha * term, {"entropic/high_prob_fraction": high_tokens / max(tokens, 1.0)}
 
 

@@ -174,18 +174,13 @@ class SIRENTrainer(EntropyGRPOTrainer):
 
     config_class = SIRENConfig
 
-    @property
-    def siren_anchor(self) -> float | None:
-        """``H_anchor``: the one the config gives, or the one measured on the first generation batch (None before)."""
-        return self.part(SIRENPart.key).anchor
-
 
 SPEC = MethodSpec(
     key="siren",
     config_class=SIRENConfig,
     trainer_class=SIRENTrainer,
     description="SIREN: a masked top-p entropy held near a self-measured anchor",
-    acts_on=(Place.REGULARISER,),
+    acts_on=(Place.REGULARISER, Place.TOP_P),
     metrics=(
         Metric("siren/topp_entropy", "SIREN: masked top-p entropy (siren/topp_entropy)", "nats"),
         Metric("siren/anchor", target_label="SIREN anchor"),

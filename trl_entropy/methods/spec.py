@@ -6,23 +6,9 @@ the public names, the command line's ``--method``, the report's panels, the mode
 
 import itertools
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from ..core.citation import Paper
-
-
-class Place(str, Enum):
-    """Where in the loss step a method acts: each place is one seam of ``core.parts.MethodPart``, which the method's
-    part fills (``tests/unit/test_layout.py`` checks that a part fills exactly the seams of its places)."""
-
-    GROUP_BASELINE = "group_baseline"  # group_baseline: the baseline of each prompt group's rewards
-    ROLLOUT_REJECTION = "rollout_rejection"  # reject_rollouts: a generation batch's advantages, some rejected (0)
-    ADVANTAGES = "advantages"  # token_advantages: the advantages the surrogate uses, per sequence or per token
-    SURROGATE = "surrogate"  # surrogate: the per-token policy loss
-    GATES = "gates"  # gate: what a token keeps of its policy loss and its gradient
-    KL = "kl"  # penalty: a KL-like penalty added to the per-token loss
-    REGULARISER = "regulariser"  # regulariser: a scalar added to each micro-batch's loss
-    CLIP_RANGE = "clip_range"  # clip_range: the PPO clip's (ε_low, ε_high)
+from ..core.places import Place
 
 
 @dataclass(frozen=True)
@@ -112,7 +98,8 @@ class MethodSpec:
     ``key`` names the method (its module, its metrics' prefix). ``description`` and ``defaults`` (config settings the
     name stands for) describe it under its own name; ``variants``, where given, are its names in the registry instead.
     ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
-    ``metrics``: what any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
+    ``acts_on``: the places of the step its part fills (``core.places.PLACES``), its axis first. ``metrics``: what
+    any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
     ``moves_per_micro_batch``: its controller moves at every training micro-batch (a controller of cadence
     ``"micro_batch"``), not once per generation cycle, so its trajectory depends on how the cycle is

@@ -28,7 +28,7 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.citation import Paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
-from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
+from ..core.parts import Gathered, MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
 from .spec import MethodDocs, MethodSpec, Metric, Neutral, Place, Sweep
 
@@ -89,21 +89,18 @@ class STEERPart(MethodPart):
         args = self.args
         omega, finite = steer_omega(batch.log_probs, batch.old_log_probs, batch.old_entropy, token_advantages)
         weights = steer_weights(omega, batch.mask, args.steer_mapping, args.steer_weight_min, args.steer_weight_max)
-        accelerator, valid = self.trainer.accelerator, batch.mask.bool()
-        extremes = torch.stack(
-            [
-                -weights[valid].min() if valid.any() else weights.new_tensor(-math.inf),
-                weights[valid].max() if valid.any() else weights.new_tensor(-math.inf),
-                omega.abs()[valid].max() if valid.any() else weights.new_tensor(-math.inf),
-            ]
-        )
-        lowest, highest, omega_max = accelerator.gather(extremes).view(-1, 3).max(0).values.tolist()
+        valid = batch.mask.bool()
+        # This rank's extremes (±inf without a valid token), the world's after the step.
+        if valid.any():
+            lowest, highest, omega_max = weights[valid].min(), weights[valid].max(), omega.abs()[valid].max()
+        else:
+            lowest, highest, omega_max = weights.new_tensor(math.inf), *weights.new_tensor([-math.inf] * 2)
         metrics = {
             "steer/weight_mean": TokenMean(weights, batch.mask),
-            "steer/weight_min": -lowest,
-            "steer/weight_max": highest,
+            "steer/weight_min": Gathered(lowest.detach().reshape(1), lambda values: values.min().item()),
+            "steer/weight_max": Gathered(highest.detach().reshape(1), lambda values: values.max().item()),
             "steer/omega_abs_mean": TokenMean(omega.abs(), batch.mask),
-            "steer/omega_abs_max": omega_max,
+            "steer/omega_abs_max": Gathered(omega_max.detach().reshape(1), lambda values: values.max().item()),
             "steer/nonfinite_fraction": TokenMean((~finite).float(), batch.mask),
         }
         return TokenGate(weight=weights.to(batch.log_probs.dtype)), metrics

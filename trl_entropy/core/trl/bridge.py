@@ -108,7 +108,7 @@ class TRLBridge(GRPOTrainer):
         is built), or a schedule of its coefficient has a value other than 0 (a warm-up from 0 included)."""
         return self._entropy_bonus_enabled or self.args.entropy_schedule().ever_nonzero
 
-    def trl_entropy_bonus(self, entropy, mask, policy_loss, mode, coefficient=None) -> torch.Tensor:
+    def trl_entropy_bonus(self, entropy, mask, coefficient=None) -> torch.Tensor:
         """TRL's own entropy bonus (``entropy_coef``, Skywork-OR1's ``use_adaptive_entropy``), the EntReg baseline:
         ``coef · mean entropy`` over ``mask`` (the caller subtracts it, scaled for accumulation), with ``coefficient``
         where given (a schedule's value), else the coefficient as it stands before this micro-batch's
@@ -116,7 +116,6 @@ class TRLBridge(GRPOTrainer):
         coefficient = self.entropy_coef if coefficient is None else coefficient
         if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
             coefficient = 0.0
-        self.record_metric(mode, "policy_loss", self.accelerator.gather(policy_loss.detach()).nanmean().item())
         return coefficient * masked_mean(entropy, mask)
 
     def step_trl_entropy_coef(self, entropy, mask) -> None:
@@ -178,9 +177,12 @@ class TRLBridge(GRPOTrainer):
     # What the trainer built on this class provides
     # ------------------------------------------------------------------------------------------------------------
 
-    def loss_step(self, model, inputs) -> torch.Tensor:
-        """The loss of one micro-batch."""
+    def loss_step(self, model, inputs):
+        """One micro-batch's loss step: an object with the ``loss``."""
         raise NotImplementedError
+
+    def after_loss_step(self, step) -> None:
+        """Sees what ``loss_step`` returned, after it."""
 
     def score_tokens(self, model, input_ids, attention_mask, logits_to_keep, **options):
         """Per-token log-probs, entropies, clamped entropies and the MoE router loss, a ``ScoredCompletions``
@@ -242,9 +244,10 @@ class TRLBridge(GRPOTrainer):
         return scored.log_probs, (scored.entropy if compute_entropy else None), scored.router_loss
 
     def _compute_loss(self, model, inputs):
-        loss = self.loss_step(model, inputs)
+        step = self.loss_step(model, inputs)
+        self.after_loss_step(step)
         self.loss_path.loss_steps += 1
-        return loss
+        return step.loss
 
     # ------------------------------------------------------------------------------------------------------------
     # Overrides of transformers.Trainer: checkpoints
