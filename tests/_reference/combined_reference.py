@@ -12,18 +12,16 @@ import functools
 
 import torch
 
+from _reference.float64_policy import completion_logits, entropy_of
 from _reference.pairs import PairMethod, PairReference, method_references
 
 
 def scores(model, inputs):
     """Float64 log-probs of the sampled tokens, entropies, and the logits, at the completion positions (with grad)."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, inputs["prompt_ids"].size(1) - 1 : -1]
+    logits = completion_logits(model, inputs)
     log_softmax = torch.log_softmax(logits, -1)
     log_probs = log_softmax.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    return log_probs, entropy, logits
+    return log_probs, entropy_of(log_softmax), logits
 
 
 def weighted_mean(values, weights):

@@ -7,14 +7,18 @@ trainer builders of those tests."""
 import math
 
 import torch
+from _reference.float64_policy import completion_log_probs, float64_model
 from transformers import AutoModelForCausalLM
+from trl import GRPOConfig
 
-from _support.grpo import make_grpo_batch, naive_log_probs, toy_config, toy_dataset, toy_trainer
-from _support.parity import ACCUMULATION, PAIRED
+from _support.grpo import make_grpo_batch, naive_log_probs, toy_dataset, toy_trainer
+from _support.parity import ACCUMULATION
 
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 EPSILON = 0.2  # GRPOConfig's default, the paper's ε
+# The reference's KL term is TRL's default one: the k3 estimator times the ratio.
+assert GRPOConfig.__dataclass_fields__["use_bias_correction_kl"].default
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -57,7 +61,7 @@ class Reference:
     """Float64 log-probs of a micro-batch from a float64 copy of the model, and the paper's per-token quantities."""
 
     def __init__(self, path, inputs, temperature=1.0):
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+        self.model = float64_model(path)
         self.inputs = inputs
         self.temperature = temperature
         self.mask = inputs["completion_mask"].double()
@@ -73,12 +77,7 @@ class Reference:
         self.valid = sorted(self.cov)
 
     def log_probs(self):
-        prompt_length = self.inputs["prompt_ids"].size(1)
-        input_ids = torch.cat([self.inputs["prompt_ids"], self.inputs["completion_ids"]], 1)
-        attention_mask = torch.cat([self.inputs["prompt_mask"], self.inputs["completion_mask"]], 1)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, prompt_length - 1 : -1]
-        log_probs = torch.log_softmax(logits.double() / self.temperature, -1)
-        return log_probs.gather(-1, self.inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        return completion_log_probs(self.model, self.inputs, self.temperature)
 
     def clip_active(self, i, t):
         return reference_clip_active(self.ratio_list[i][t], self.advantage_list[i])
@@ -97,7 +96,7 @@ class Reference:
     def _loss(self, log_probs, per_token_loss_fn, loss_type, max_completion_length, beta):
         ratio = torch.exp(log_probs - self.old)
         per_token = per_token_loss_fn(log_probs, self.old, ratio, self.advantages.unsqueeze(1))
-        if beta:  # TRL's k3 estimator, times the ratio (GRPOConfig's default use_bias_correction_kl=True)
+        if beta:  # TRL's k3 estimator, times the ratio (GRPOConfig's default use_bias_correction_kl)
             ref_log_ratio = self.inputs["ref_per_token_logps"].double() - log_probs
             per_token = per_token + beta * (torch.exp(ref_log_ratio) - ref_log_ratio - 1) * ratio
         return reference_aggregate(per_token, self.mask, loss_type, self.inputs, max_completion_length)
@@ -115,21 +114,8 @@ def clipped_surrogate(ratio, advantages, epsilon_low=EPSILON, epsilon_high=EPSIL
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Trainer construction and one loss step
+# One loss step against the reference
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def build_trainer(trainer_class, config_class, path, tokenizer, tmp_path, name="run", **options):
-    args = toy_config(config_class, tmp_path / name, **{**PAIRED, **options})
-    assert args.use_bias_correction_kl  # the reference's KL term assumes TRL's default
-    return toy_trainer(trainer_class, args, path, tokenizer, accumulation=ACCUMULATION)
-
-
-def trainer_step(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = trainer.compute_loss(trainer.model, dict(inputs))
-    loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
 
 
 def assert_same(loss, gradients, expected_loss, expected_gradients):
@@ -175,10 +161,6 @@ def selected_set(selected):
 
 # Configs
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def make_config(config_class, tmp_path, **options):
-    return toy_config(config_class, tmp_path, **options)
 
 
 def on_policy_warnings(caught):
@@ -234,7 +216,7 @@ def reference_pooled_covariance(path, inputs):
     if "old_per_token_logps" in inputs:
         rollout_log_probs = inputs["old_per_token_logps"].double()
     else:
-        rollout_log_probs = naive_log_probs(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64), inputs)
+        rollout_log_probs = naive_log_probs(float64_model(path), inputs)
     advantages = inputs["advantages"].double().tolist()
     return reference_covariance(rollout_log_probs.tolist(), advantages, inputs["completion_mask"].tolist())
 

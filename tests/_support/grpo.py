@@ -6,6 +6,7 @@ import functools
 import os
 
 import torch
+from _reference.float64_policy import completion_log_softmax, entropy_of
 
 
 # The warm start is deterministic, so its result is cached across test sessions (keyed by the toy's format version).
@@ -32,13 +33,6 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
     completion_mask = torch.ones(batch, completion_len, dtype=torch.long)
     completion_mask[1:2, 3:] = 0  # an early eos (rows that exist)
     completion_mask[2:3, 1:] = 0
-    with torch.no_grad():
-        input_ids = torch.cat([prompt_ids, completion_ids], 1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], 1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-        log_softmax = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
-        log_probs = log_softmax.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1).float()
     inputs = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -47,6 +41,9 @@ def make_grpo_batch(model, vocab_size, *, batch=4, prompt_len=5, completion_len=
         "advantages": torch.randn(batch, generator=generator),
         "num_items_in_batch": completion_mask.sum(),
     }
+    log_softmax = naive_log_softmax(model, inputs)
+    log_probs = log_softmax.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1).float()
+    entropy = entropy_of(log_softmax).float()
     if old_noise is not None:
         inputs["old_per_token_logps"] = log_probs + old_noise * torch.randn(log_probs.shape, generator=generator)
         inputs[OLD_ENTROPY_KEY] = entropy
@@ -115,10 +112,28 @@ def toy_trainer(
     return trainer
 
 
-def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
-    """A trainer on the toy model whose ``compute_loss`` the test drives by hand (fp32, CPU, train mode)."""
-    args = toy_config(config_class, output_dir, **SMALL_BATCH, gradient_accumulation_steps=accumulation, **options)
-    trainer = toy_trainer(trainer_class, args, path, tokenizer, accumulation=accumulation)
+def method_classes(method):
+    """``(trainer_class, config_class)`` of ``method``: a registry name or a ``NAME+NAME`` combination
+    (:func:`trl_entropy.methods.get_method`), or that pair itself where a test needs classes of its own (TRL's, a
+    mismatch)."""
+    if not isinstance(method, str):
+        return method
+    from trl_entropy.methods import get_method
+
+    spec = get_method(method)
+    return spec.trainer_class, spec.config_class
+
+
+def build_trainer(
+    method, path, tokenizer, output_dir, accumulation=1, train_dataset=None, reward_funcs=None, **options
+):
+    """The trainer of ``method`` (:func:`method_classes`) on the model at ``path``, whose ``compute_loss`` the test
+    drives by hand: fp32, CPU, train mode, the small micro-batch, ``accumulation`` micro-batches per optimizer step and
+    per generation, then ``options``."""
+    trainer_class, config_class = method_classes(method)
+    options = {**SMALL_BATCH, "gradient_accumulation_steps": accumulation, **options}
+    args = toy_config(config_class, output_dir, **options)
+    trainer = toy_trainer(trainer_class, args, path, tokenizer, reward_funcs, train_dataset, accumulation=accumulation)
     # accelerate's gradient state is shared by every trainer of the process: start from the state a training step
     # starts from (the last micro-batch of a window), whatever an earlier test left.
     set_sync(trainer, True)
@@ -139,23 +154,19 @@ def loss_and_gradients(trainer, inputs):
 
 
 def naive_log_softmax(model, inputs):
-    """Log-softmax of the full logits at the completion positions, in float64 (temperature 1)."""
+    """Log-softmax of the full logits at the completion positions, in float64 (temperature 1), without gradient."""
     with torch.no_grad():
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
-    return torch.log_softmax(logits[:, inputs["prompt_ids"].size(1) - 1 : -1], -1)
+        return completion_log_softmax(model, inputs)
 
 
 def naive_log_probs(model, inputs):
-    """Per-token log-probs of the sampled completion tokens, from the full logits in float64."""
+    """Per-token log-probs of the sampled completion tokens, from the full logits in float64, without gradient."""
     return naive_log_softmax(model, inputs).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
 
 
 def naive_entropy(model, inputs):
-    """Per-token full entropy of the completion, from the full logits in float64."""
-    log_probs = naive_log_softmax(model, inputs)
-    return -(log_probs.exp() * log_probs).sum(-1)
+    """Per-token full entropy of the completion, from the full logits in float64, without gradient."""
+    return entropy_of(naive_log_softmax(model, inputs))
 
 
 def split_batch(inputs):
@@ -193,15 +204,14 @@ def lora_config():
     return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
-def on_policy_warnings(trainer_class, config_class, path, tokenizer, output_dir, accumulation=1, **options):
+def on_policy_warnings(method, path, tokenizer, output_dir, accumulation=1, **options):
     """The on-policy warnings (their messages) that building a trainer and two of its loss steps raise: a method that
     acts only off-policy warns once, at construction."""
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation, **options)
-        set_sync(trainer, True)
+        trainer = build_trainer(method, path, tokenizer, output_dir, accumulation, **options)
         for seed in range(2):  # training steps add no warning
             trainer.compute_loss(trainer.model, make_grpo_batch(trainer.model, len(tokenizer), seed=seed))
     return [str(w.message) for w in caught if "on-policy" in str(w.message)]

@@ -4,37 +4,22 @@ of each gives the same loss and gradients."""
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from _support.grpo import SMALL_BATCH, loss_and_gradients, toy_config, toy_dataset, toy_trainer
-from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
+from _support.grpo import build_trainer, loss_and_gradients
 from trl_entropy.toy import toy_reward
 
 
+# trl.GRPOTrainer and its config: the pair every parity test holds ours against.
+TRL = (GRPOTrainer, GRPOConfig)
 ACCUMULATION = 2  # exercises the accumulation scaling of every loss type
-# The settings of a trainer whose loss step is compared with another's: the small micro-batch, ACCUMULATION
-# micro-batches per optimizer step and per generation (fp32 end to end, from toy_config: the comparison is exact up to
-# rounding).
-PAIRED = dict(**SMALL_BATCH, gradient_accumulation_steps=ACCUMULATION, steps_per_generation=ACCUMULATION)
 
 
-def paired_trainer(
-    trainer_class, config_class, path, tokenizer, output_dir, dataset=None, reward_funcs=None, **options
-):
-    """A trainer with the :data:`PAIRED` settings, then ``options``, in train mode, whose ``compute_loss`` the test
-    drives by hand."""
-    args = toy_config(config_class, output_dir, **{**PAIRED, **options})
-    return toy_trainer(trainer_class, args, path, tokenizer, reward_funcs, dataset, accumulation=ACCUMULATION)
-
-
-def build_pair(path, tokenizer, tmp_path, dataset=None, reward_funcs=toy_reward, **options):
+def build_pair(path, tokenizer, tmp_path, train_dataset=None, reward_funcs=toy_reward, **options):
     """``(trl.GRPOTrainer, EntropyGRPOTrainer)`` on the model at ``path`` with ``tokenizer`` (a tokenizer or a
-    vision-language processor), the same settings and ``dataset`` (the toy task's by default), in train mode."""
-    dataset = toy_dataset(8) if dataset is None else dataset
+    vision-language processor), the same settings, ``ACCUMULATION`` micro-batches per optimizer step and per generation
+    and ``train_dataset`` (the toy task's by default), in train mode (:func:`build_trainer`)."""
     return [
-        paired_trainer(trainer_class, config_class, path, tokenizer, tmp_path / name, dataset, reward_funcs, **options)
-        for trainer_class, config_class, name in (
-            (GRPOTrainer, GRPOConfig, "trl"),
-            (EntropyGRPOTrainer, EntropyGRPOConfig, "ours"),
-        )
+        build_trainer(method, path, tokenizer, tmp_path / name, ACCUMULATION, train_dataset, reward_funcs, **options)
+        for method, name in ((TRL, "trl"), ("grpo", "ours"))
     ]
 
 

@@ -1,5 +1,6 @@
 """Comparisons of two runs that agree up to fp32 rounding: two processes against one, one micro-batch against two
-halves. Each bound is a :class:`Bound` in the test beside its comparison, derived from a measurement:
+halves. Each bound is a :class:`Bound` in the test beside its comparison (below, where two tests share it), derived
+from a measurement:
 
 * the largest difference fp32 summation order alone produced, on each CPU numeric path this suite was run on
   (``ATEN_CPU_CAPABILITY=default``, ``avx2``, ``avx512``), times a stated margin;
@@ -51,6 +52,41 @@ class ControllerBounds:
     statistic: Bound
     cycle: Bound
     moved_by_method: Bound
+
+
+# Two processes against one with the same global batch: the text-only toy under DDP, ZeRO-3 and FSDP2
+# (tests/launch/test_distributed.py) and a tiny Qwen2-VL under DDP (tests/launch/test_vlm_distributed.py). Two ranks
+# sum in another order than one process; Adam's normalised first steps carry that rounding into the weights, and the
+# later steps' statistics and losses come from those weights. Each bound below: the largest difference over those runs
+# on ATEN_CPU_CAPABILITY=default, avx2 and avx512 (one AMD EPYC), the margin, and what the planted bugs produce: a
+# rank-local controller statistic (no all-reduce), and a doubled normaliser (the token-sum loss types' normaliser not
+# divided by the process count).
+TWO_PROCESS_CONTROLLERS = ControllerBounds(
+    # The entropy each update receives: toy 6.4e-7 relative (about 5 ulps), margin 4.7; the rank-local statistic
+    # 0.089-0.38, the doubled normaliser 1.8e-4 from the second update on (the first sees the same weights). VLM
+    # 2.0e-7, margin 15; rank-local 4.4e-4 to 1.6e-3, the doubled normaliser 2.4e-4 at the third update.
+    statistic=Bound(rel=3e-6),
+    # Values moved once per cycle with a small gain (AEnt's λ, REPO's β, ADAPO's ε_high): toy 2.8e-8 relative per
+    # update, margin 11; the doubled normaliser 1.7e-5 per update (AEnt under ZeRO-3 and FSDP2), rank-local 0.035-1.
+    # VLM 5.4e-8, margin 5.6; the doubled normaliser 6.2e-5 (AEnt's λ).
+    cycle=Bound(rel=3e-7, abs=1e-9),
+    # A value its method moves at every micro-batch follows its statistic one for one (EntroPIC's α, K_p = 1), so its
+    # error is the statistic's in nats, whatever the value's size (α ≈ 0.09 on the toy, so 3.4e-6 relative was seen on
+    # an Intel Xeon for 3.2e-7 absolute): 5.3e-8 per update, margin 19; the doubled normaliser 2.3e-3, rank-local 0.30.
+    # On the VLM α sits at its bound of 1 (the random VLM's entropy is far above the target): 0 difference.
+    moved_by_method=Bound(rel=0, abs=1e-6),
+)
+# The logged entropy: toy 6.3e-7 relative, margin 16; the doubled normaliser 6.7e-3, rank-local 4.3e-2. VLM 2.1e-7,
+# margin 47; the doubled normaliser 2.4e-4.
+TWO_PROCESS_ENTROPY = Bound(rel=1e-5)
+# The logged loss: toy 9.8e-6 relative (3.2e-5 absolute), margin 10; VLM 2.7e-7, margin 360; the doubled normaliser
+# halves it (0.5).
+TWO_PROCESS_LOSS = Bound(rel=1e-4, abs=1e-6)
+# The weights after three Adam steps at lr 1e-3, by model. Toy 3.1e-5, margin 3.2; an unreduced LM-head gradient (each
+# rank keeping its own half's) 4e-3, rank-local 3.9e-3, the doubled normaliser 3.8e-3 under DDP (Adam is blind to the
+# gradient's scale: under ZeRO-3 and FSDP2 the doubled normaliser moves the weights 1.8e-5, and the loss catches it).
+# VLM 5.6e-7, margin 18; the doubled normaliser 5.8e-4.
+TWO_PROCESS_WEIGHTS = {"toy": Bound(rel=0, abs=1e-4), "vlm": Bound(rel=0, abs=1e-5)}
 
 
 def flat(values) -> list[float]:

@@ -47,26 +47,20 @@ def neutralised(pair):
 def test_a_combination_with_one_method_neutral_equals_the_other_alone(pair, toy_model_path, toy_tokenizer, tmp_path):
     kept, neutral = neutralised(pair)
     settings = dict(loss_type="dapo", epsilon_high=0.28, **METHODS[kept].defaults)
-    alone = METHODS[kept]
     single = build_trainer(
-        alone.trainer_class,
-        alone.config_class,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "alone",
-        **{**settings, **NEUTRAL[neutral].trl},
+        kept, toy_model_path, toy_tokenizer, tmp_path / "alone", **(settings | NEUTRAL[neutral].trl)
     )
     combined_entry = combination(list(pair))
+    # The base trainer with entropy_control: it becomes the combination's trainer.
     combined = build_trainer(
-        EntropyGRPOTrainer,
-        EntropyGRPOConfig,
+        (EntropyGRPOTrainer, EntropyGRPOConfig),
         toy_model_path,
         toy_tokenizer,
         tmp_path / "combined",
         entropy_control=list(pair),
         **{**settings, **METHODS[neutral].defaults, **NEUTRAL[neutral].ours},
     )
-    assert type(combined) is combined_entry.trainer_class and type(single) is alone.trainer_class
+    assert type(combined) is combined_entry.trainer_class and type(single) is METHODS[kept].trainer_class
     inputs = make_grpo_batch(single.model, len(toy_tokenizer), seed=5)
     single_loss, single_grads = loss_and_gradients(single, inputs)
     combined_loss, combined_grads = loss_and_gradients(combined, inputs)

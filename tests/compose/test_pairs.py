@@ -20,8 +20,8 @@ import warnings
 import pytest
 import torch
 from _reference import combined_reference as reference
+from _reference import float64_policy
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config
-from transformers import AutoModelForCausalLM
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.trl.objectives import LOSS_TYPES
@@ -96,7 +96,7 @@ def through_generation(names) -> bool:
 
 @pytest.fixture(scope="module")
 def float64_model(toy_model_path):
-    return AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    return float64_policy.float64_model(toy_model_path)
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +149,7 @@ def test_one_loss_step_equals_the_float64_components_in_axis_order(
     options = options_of(names, chosen)
     config_class = combination(list(names)).config_class
     trainer = build_trainer(
-        EntropyGRPOTrainer,
-        config_class,
+        (EntropyGRPOTrainer, config_class),
         toy_model_path,
         toy_tokenizer,
         tmp_path,

@@ -38,7 +38,10 @@ from _support.distributed_run import (
     save_untied_copy,
 )
 from _support.methods import first_combinable_pair
-from _support.rounding import Bound, ControllerBounds, check
+from _support.rounding import TWO_PROCESS_CONTROLLERS as CONTROLLERS
+from _support.rounding import TWO_PROCESS_ENTROPY as ENTROPY
+from _support.rounding import TWO_PROCESS_LOSS as LOSS
+from _support.rounding import TWO_PROCESS_WEIGHTS, Bound, check
 
 from trl_entropy.methods import METHODS
 
@@ -47,31 +50,7 @@ SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 STEPS = 3
 SHARDED_METHODS = ("aent", "grpo")  # a controller; control off (compared with trl.GRPOTrainer too)
 HEADS = ("tied", "untied")
-# Two ranks sum in another order than one process; Adam's normalised first steps carry that rounding into the weights,
-# and the later steps' statistics and losses come from those weights. Each bound below: the largest difference over
-# DDP, ZeRO-3 and FSDP2 on ATEN_CPU_CAPABILITY=default, avx2 and avx512 (one AMD EPYC), the margin, and what the
-# planted bugs produce (tests/_support/rounding.py measures both): a rank-local controller statistic (no all-reduce),
-# and a doubled normaliser (the token-sum loss types' normaliser not divided by the process count).
-CONTROLLERS = ControllerBounds(
-    # The entropy each update receives: rounding 6.4e-7 relative (about 5 ulps), margin 4.7; the rank-local statistic
-    # 0.089-0.38, the doubled normaliser 1.8e-4 from the second update on (the first sees the same weights).
-    statistic=Bound(rel=3e-6),
-    # Values moved once per cycle with a small gain (AEnt's λ, REPO's β, ADAPO's ε_high): 2.8e-8 relative per update,
-    # margin 11; the doubled normaliser 1.7e-5 per update (AEnt under ZeRO-3 and FSDP2), rank-local 0.035-1.
-    cycle=Bound(rel=3e-7, abs=1e-9),
-    # A value its method moves at every micro-batch follows its statistic one for one (EntroPIC's α, K_p = 1), so its
-    # error is the statistic's in nats, whatever the value's size (α ≈ 0.09 here, so 3.4e-6 relative was seen on an
-    # Intel Xeon for 3.2e-7 absolute): 5.3e-8 per update, margin 19; the doubled normaliser 2.3e-3, rank-local 0.30.
-    moved_by_method=Bound(rel=0, abs=1e-6),
-)
-# The logged entropy: 6.3e-7 relative, margin 16; the doubled normaliser 6.7e-3, rank-local 4.3e-2.
-ENTROPY = Bound(rel=1e-5)
-# The logged loss: 9.8e-6 relative (3.2e-5 absolute), margin 10; the doubled normaliser halves it (0.5).
-LOSS = Bound(rel=1e-4, abs=1e-6)
-# The weights after three Adam steps at lr 1e-3: 3.1e-5, margin 3.2; an unreduced LM-head gradient (each rank keeping
-# its own half's) 4e-3, rank-local 3.9e-3, the doubled normaliser 3.8e-3 under DDP. (Adam is blind to the gradient's
-# scale: under ZeRO-3 and FSDP2 the doubled normaliser moves the weights 1.8e-5, and the loss catches it.)
-WEIGHTS = Bound(rel=0, abs=1e-4)
+WEIGHTS = TWO_PROCESS_WEIGHTS["toy"]
 # A gate's kept fraction: 0 on every path (a fraction of whole tokens); no planted bug here changes the gate.
 METHOD_METRICS = Bound(rel=1e-5, abs=1e-7)
 

@@ -8,30 +8,16 @@ every step, and the weights (the vision tower's included) after three optimizer 
 import pytest
 from _support import vlm_distributed_run
 from _support.distributed_run import ADAPTIVE_METHODS, beside_two_processes, check_controllers, paired_weights
-from _support.rounding import Bound, ControllerBounds, check
+from _support.rounding import TWO_PROCESS_CONTROLLERS as CONTROLLERS
+from _support.rounding import TWO_PROCESS_ENTROPY as ENTROPY
+from _support.rounding import TWO_PROCESS_LOSS as LOSS
+from _support.rounding import TWO_PROCESS_WEIGHTS, check
 from _support.vlm_distributed_run import run
 
 
 FAMILY, STEPS = "qwen2_vl", 3
 METHODS = (*ADAPTIVE_METHODS, "grpo")
-# As for the text-only toy (tests/launch/test_distributed.py, which says how each bound is derived): two ranks sum in
-# another order than one process. Measured on ATEN_CPU_CAPABILITY=default, avx2 and avx512 (one AMD EPYC) against a
-# rank-local controller statistic and a doubled normaliser, planted:
-CONTROLLERS = ControllerBounds(
-    # 2.0e-7 relative, margin 15; rank-local 4.4e-4 to 1.6e-3, the doubled normaliser 2.4e-4 at the third update.
-    statistic=Bound(rel=3e-6),
-    # 5.4e-8 relative per update, margin 5.6; the doubled normaliser 6.2e-5 (AEnt's λ).
-    cycle=Bound(rel=3e-7, abs=1e-9),
-    # EntroPIC's α sits at its bound of 1 here (the random VLM's entropy is far above the target): 0 difference. The
-    # text-only toy's bound, in nats of its statistic.
-    moved_by_method=Bound(rel=0, abs=1e-6),
-)
-# 2.1e-7 relative, margin 47; the doubled normaliser 2.4e-4.
-ENTROPY = Bound(rel=1e-5)
-# 2.7e-7 relative, margin 360; the doubled normaliser halves it (0.5).
-LOSS = Bound(rel=1e-4, abs=1e-6)
-# 5.6e-7 after three Adam steps, margin 18; the doubled normaliser 5.8e-4.
-WEIGHTS = Bound(rel=0, abs=1e-5)
+WEIGHTS = TWO_PROCESS_WEIGHTS["vlm"]
 
 
 @pytest.fixture(scope="module")

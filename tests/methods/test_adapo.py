@@ -16,9 +16,10 @@ from _support.grpo import (
     set_sync,
     toy_config,
 )
-from trl import GRPOConfig, GRPOTrainer
+from _support.parity import TRL
+from trl import GRPOConfig
 
-from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, ADAPOTrainer, adapo_controller_step
+from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, adapo_controller_step
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ ON_POLICY = "ADAPO with fully on-policy updates"
 def test_warns_once_at_construction_when_on_policy(tmp_path, toy_model_path, toy_tokenizer):
     """On TRL's defaults (one pass, steps_per_generation = gradient_accumulation_steps). The other layouts, on-policy
     or not, for every method: tests/trainer/test_base.py (the same warning on each on-policy one, none off-policy)."""
-    messages = on_policy_warnings(ADAPOTrainer, ADAPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+    messages = on_policy_warnings("adapo", toy_model_path, toy_tokenizer, tmp_path)
     assert len(messages) == 1, messages  # ADAPO's own warning, not also the base's clip warning
     # it names the settings that make ADAPO act
     assert ON_POLICY in messages[0]
@@ -106,11 +107,10 @@ def test_loss_and_gradients_equal_grpo_trainer_dapo_with_the_controller_epsilon_
     toy_model_path, toy_tokenizer, tmp_path
 ):
     trl_trainer = build_trainer(
-        GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type="dapo", epsilon_high=0.28
+        TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type="dapo", epsilon_high=0.28
     )
     ours = build_trainer(
-        ADAPOTrainer,
-        ADAPOConfig,
+        "adapo",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",

@@ -9,12 +9,11 @@ import math
 import pytest
 import torch
 from _reference.combined_reference import weighted_mean
+from _reference.float64_policy import completion_logits, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.checkpoint_files import resume_from_saved
-from _support.grpo import build_trainer as shared_build_trainer
-from _support.grpo import loss_and_gradients, make_grpo_batch, set_sync, toy_config
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, set_sync, toy_config
+from _support.parity import TRL
 
 from trl_entropy.methods.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
 from trl_entropy.toy import build_toy_dataset, toy_reward
@@ -47,11 +46,7 @@ def reference_clamped_entropy(logits, clamp_fraction):
 
 def reference_scores(model64, inputs, temperature, clamp_fraction):
     """(B, T) float64 clamped entropy of the completion positions, from the full logits of a float64 model."""
-    prompt_len = inputs["prompt_ids"].size(1)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = model64(input_ids=input_ids, attention_mask=attention_mask).logits[:, prompt_len - 1 : -1]
-    return reference_clamped_entropy(logits / temperature, clamp_fraction)
+    return reference_clamped_entropy(completion_logits(model64, inputs) / temperature, clamp_fraction)
 
 
 def token_mean(values, mask):
@@ -172,20 +167,8 @@ def test_controller_state_round_trip():
 ACCUMULATION = 2
 TEMPERATURE = 0.7
 STRONG = dict(aent_coef_init=0.4, aent_coef_min=0.0, aent_coef_max=1.0, aent_coef_lr=0.05)  # a visible bonus
-
-
-def build_trainer(trainer_class, config_class, path, tokenizer, output_dir, accumulation=ACCUMULATION, **options):
-    return shared_build_trainer(
-        trainer_class,
-        config_class,
-        path,
-        tokenizer,
-        output_dir,
-        accumulation,
-        temperature=TEMPERATURE,
-        steps_per_generation=accumulation,
-        **options,
-    )
+# The trainers of the loss tests: a generation batch of ACCUMULATION micro-batches, sampled at TEMPERATURE.
+SAMPLING = dict(accumulation=ACCUMULATION, temperature=TEMPERATURE)
 
 
 def reference_high_entropy_mask(entropy, mask, quantile):
@@ -207,14 +190,14 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     """TRL's loss (with the same ``top_entropy_quantile``) minus λ times the float64 clamped-entropy mean over the
     tokens TRL's high-entropy filter keeps (all valid tokens when the quantile is 1)."""
     options = dict(loss_type=loss_type, beta=beta, top_entropy_quantile=quantile)
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **SAMPLING, **options)
     ours = build_trainer(
-        AEntTrainer,
-        AEntConfig,
+        "aent",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
         aent_clamp_fraction=clamp_fraction,
+        **SAMPLING,
         **STRONG,
         **options,
     )
@@ -242,7 +225,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     trl_loss, trl_grads = loss_and_gradients(trl_trainer, inputs)
 
     # The bonus term in float64 from the full logits of a float64 copy of the same weights, and its gradients.
-    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    model64 = float64_model(toy_model_path)
     model64.train()
     clamped64 = reference_scores(model64, inputs, TEMPERATURE, clamp_fraction)
     mask = inputs["completion_mask"]
@@ -294,7 +277,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
 
 def test_clamped_entropy_differs_from_full_entropy(toy_model_path, toy_tokenizer):
     """The reference clamps: at p = 0.3 the clamped entropy is far from the full one on the toy model."""
-    model64 = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    model64 = float64_model(toy_model_path)
     inputs = make_grpo_batch(model64, len(toy_tokenizer), seed=11)
     mask = inputs["completion_mask"]
     with torch.no_grad():
@@ -589,10 +572,10 @@ def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_
     )
     assert coef_min < coefficient < coef_max and not narrowest[0] <= coefficient <= narrowest[1]
     options = dict(SCHEDULED_RUN, max_steps=4)
-    saved = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "saved", **options)
+    saved = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path / "saved", **SAMPLING, **options)
     saved.controllers["aent"].value = coefficient
     saved.state.global_step = step
-    resumed = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path / "resumed", **options)
+    resumed = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path / "resumed", **SAMPLING, **options)
     resume_from_saved(saved, resumed, str(tmp_path / f"checkpoint-{step}"))
     assert resumed.aent_coef == coefficient
     inputs = make_grpo_batch(resumed.model, len(toy_tokenizer), seed=3)
@@ -619,7 +602,7 @@ def test_a_changed_band_schedule_on_resume_is_named(
 
 def test_evaluation_reads_the_steps_box_and_changes_nothing(toy_model_path, toy_tokenizer, tmp_path):
     options = dict(SCHEDULED_RUN, aent_coef_init=0.01)
-    trainer = build_trainer(AEntTrainer, AEntConfig, toy_model_path, toy_tokenizer, tmp_path, **options)
+    trainer = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path, **SAMPLING, **options)
     trainer.state.max_steps, trainer.state.global_step = 4, 2  # λ_max(2) = 0.012
     controller = trainer.controllers["aent"]
     controller.value = 0.5  # above every box of the run: what evaluation must clamp and leave as it is

@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from _reference.float64_policy import completion_log_probs, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
@@ -22,13 +23,11 @@ from _support.grpo import (
     set_sync,
     toy_config,
 )
-from _support.parity import assert_same_step
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from _support.parity import TRL, assert_same_step
 
 from trl_entropy.core.batch import CompletionBatch
 from trl_entropy.core.trl.objectives import PPO_CLIP_LOSS_TYPES
-from trl_entropy.methods.ce_gppo import CEGPPOConfig, CEGPPOTrainer, ce_gppo_branches, ce_gppo_surrogate
+from trl_entropy.methods.ce_gppo import CEGPPOConfig, ce_gppo_branches, ce_gppo_surrogate
 
 
 # Our trainers run off-policy (two passes per generation batch), the setting CE-GPPO acts in: no on-policy warning.
@@ -112,7 +111,7 @@ ON_POLICY = "CE-GPPO with fully on-policy updates"
 def test_warns_once_at_construction_when_on_policy(tmp_path, toy_model_path, toy_tokenizer, options):
     """The other layouts, on-policy or not, for every method: tests/trainer/test_base.py (the same warning on each
     on-policy one, none off-policy)."""
-    messages = on_policy_warnings(CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path, **options)
+    messages = on_policy_warnings("ce_gppo", toy_model_path, toy_tokenizer, tmp_path, **options)
     assert len(messages) == 1, messages  # CE-GPPO's own, not also the base's clip warning
     # it names what is inert and the settings that make CE-GPPO act
     assert ON_POLICY in messages[0]
@@ -156,8 +155,7 @@ def test_worked_example_through_the_pure_function():
 @pytest.fixture(scope="module")
 def example_trainer(toy_model_path, toy_tokenizer, tmp_path_factory):
     return build_trainer(
-        CEGPPOTrainer,
-        CEGPPOConfig,
+        "ce_gppo",
         toy_model_path,
         toy_tokenizer,
         tmp_path_factory.mktemp("ce_gppo"),
@@ -333,13 +331,8 @@ def constructed_batch(model, tokenizer, seed, ratios=RATIOS):
 
 def float64_loss(model_path, inputs, loss_type, beta1=BETA1, beta2=BETA2, c=C, kl_beta=0.0, max_length=6):
     """CE-GPPO's loss in float64 from a float64 copy of the model, and the copy (its gradients filled)."""
-    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = reference(input_ids=input_ids, attention_mask=attention_mask).logits
-    prompt_length = inputs["prompt_ids"].size(1)
-    log_probs = torch.log_softmax(logits[:, prompt_length - 1 : -1], -1)
-    log_probs = log_probs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    reference = float64_model(model_path)
+    log_probs = completion_log_probs(reference, inputs)
     ratio = torch.exp(log_probs - inputs["old_per_token_logps"].double())
     advantages = inputs["advantages"].double().unsqueeze(1)
     per_token = reference_per_token_loss(ratio, advantages, EPSILON_LOW, EPSILON_HIGH, beta1, beta2, c)
@@ -367,8 +360,7 @@ def test_loss_gradients_and_metrics_equal_a_float64_loss_written_out(
 ):
     kl_beta = KL_BETA.get(loss_type, 0.0)
     ours = build_trainer(
-        CEGPPOTrainer,
-        CEGPPOConfig,
+        "ce_gppo",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -403,7 +395,7 @@ def trl_trainers():
 def cached_trl_trainer(cache, path, tokenizer, tmp_path, **options):
     key = tuple(sorted(options.items()))
     if key not in cache:
-        cache[key] = build_trainer(GRPOTrainer, GRPOConfig, path, tokenizer, tmp_path / "trl", **options)
+        cache[key] = build_trainer(TRL, path, tokenizer, tmp_path / "trl", **options)
     set_sync(cache[key], True)
     return cache[key]
 
@@ -421,7 +413,7 @@ def test_on_policy_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, 
     options = NEUTRAL_OPTIONS[case]
     trl = cached_trl_trainer(trl_trainers, toy_model_path, toy_tokenizer, tmp_path, **options)
     with pytest.warns(UserWarning, match=ON_POLICY):  # and says so
-        ours = build_trainer(CEGPPOTrainer, CEGPPOConfig, toy_model_path, toy_tokenizer, tmp_path / "ours", **options)
+        ours = build_trainer("ce_gppo", toy_model_path, toy_tokenizer, tmp_path / "ours", **options)
     inputs = make_grpo_batch(trl.model, len(toy_tokenizer), seed=20, old_noise=None)
     assert_same_step(trl, ours, inputs)
     assert ours._metrics["train"]["ce_gppo/low_fraction"] == [0.0]
@@ -449,8 +441,7 @@ def test_zero_betas_have_grpo_trainers_gradients_and_unit_betas_its_loss(
     losses, grads = {}, {}
     for beta in (0.0, 1.0):
         ours = build_trainer(
-            CEGPPOTrainer,
-            CEGPPOConfig,
+            "ce_gppo",
             toy_model_path,
             toy_tokenizer,
             tmp_path / f"ours_{beta}",

@@ -15,7 +15,6 @@ from _support.cov import (
     Reference,
     assert_same,
     batch,
-    build_trainer,
     clip_cov_loss_fn,
     clip_cov_reference,
     constructed_case,
@@ -28,13 +27,11 @@ from _support.cov import (
     selected_set,
     token_mask,
     train_options,
-    trainer_step,
     window_around,
 )
-from _support.grpo import build_trainer as build_toy_trainer
-from _support.grpo import loss_and_gradients, make_grpo_batch
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
+from _support.parity import ACCUMULATION, TRL
 from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.methods.clip_cov import (
     CLIP_COV_GENERATOR_FILE,
@@ -132,18 +129,18 @@ def test_clip_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, lo
     detached = clip_cov_reference(reference, lb, ub)
     assert len(detached) == 4
     trainer = build_trainer(
-        ClipCovTrainer,
-        ClipCovConfig,
+        "clip_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         loss_type=loss_type,
         beta=beta,
         clip_cov_ratio=0.5,  # n = 8 of the 16 valid tokens >= 4 candidates
         clip_cov_lb=lb,
         clip_cov_ub=ub,
     )
-    loss, gradients = trainer_step(trainer, inputs)
+    loss, gradients = loss_and_gradients(trainer, inputs)
     expected_loss, expected_gradients = reference.loss_and_gradients(
         clip_cov_loss_fn(detached), loss_type, 6, beta=beta
     )
@@ -174,19 +171,18 @@ def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_pat
 
     def chosen_pair(seed, name, check_gradients=False):
         trainer = build_trainer(
-            ClipCovTrainer,
-            ClipCovConfig,
+            "clip_cov",
             toy_model_path,
             toy_tokenizer,
-            tmp_path,
-            name=name,
+            tmp_path / name,
+            ACCUMULATION,
             loss_type="bnpo",
             seed=seed,
             clip_cov_ratio=ratio,
             clip_cov_lb=lb,
             clip_cov_ub=ub,
         )
-        loss, gradients = trainer_step(trainer, inputs)
+        loss, gradients = loss_and_gradients(trainer, inputs)
         matches = [k for k, value in enumerate(subset_losses) if abs(value - loss.double()) < 1e-6]
         assert len(matches) == 1, "the loss matches no pair of candidates"
         if check_gradients:
@@ -206,11 +202,11 @@ def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_t
     """Both generators start from args.seed (+ process index 0); evaluation draws from its own."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=12)
     trainer = build_trainer(
-        ClipCovTrainer,
-        ClipCovConfig,
+        "clip_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         seed=3,
         clip_cov_ratio=0.1,
         clip_cov_lb=-1e9,
@@ -240,11 +236,11 @@ def test_clip_cov_without_candidates_equals_grpo_trainer(toy_model_path, toy_tok
         options.update(clip_cov_lb=1e3, clip_cov_ub=1e4)
     else:
         inputs["advantages"] = torch.full_like(inputs["advantages"], 0.7)  # defaults lb=1, ub=5
-    ours = build_trainer(ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, "ours", **options)
+    ours = build_trainer("clip_cov", toy_model_path, toy_tokenizer, tmp_path / "ours", ACCUMULATION, **options)
     trl_options = {k: v for k, v in options.items() if not k.startswith("clip_cov")}
-    trl = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path, "trl", **trl_options)
-    loss, gradients = trainer_step(ours, inputs)
-    trl_loss, trl_gradients = trainer_step(trl, inputs)
+    trl = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", ACCUMULATION, **trl_options)
+    loss, gradients = loss_and_gradients(ours, inputs)
+    trl_loss, trl_gradients = loss_and_gradients(trl, inputs)
     assert_same(loss, gradients, trl_loss.double(), {k: v.double() for k, v in trl_gradients.items()})
     assert ours._metrics["train"]["clip_cov/detached_fraction"] == [0.0]
 
@@ -255,9 +251,8 @@ def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path,
     model = AutoModelForCausalLM.from_pretrained(toy_model_path)
     inputs = make_grpo_batch(model, len(toy_tokenizer), seed=3, old_noise=0.3)
     for loss_type in ("cispo", "sapo", "vespo", "luspo"):
-        trainer = build_toy_trainer(
-            ClipCovTrainer,
-            ClipCovConfig,
+        trainer = build_trainer(
+            "clip_cov",
             toy_model_path,
             toy_tokenizer,
             tmp_path / loss_type,
@@ -291,18 +286,18 @@ def test_clip_cov_with_delta(toy_model_path, toy_tokenizer, tmp_path):
     candidates = {token for token in reference.valid if not flat(*token)}
     lb, ub = window_around([reference.cov[t] for t in reference.valid], 0, len(reference.valid))  # all in range
     trainer = build_trainer(
-        ClipCovTrainer,
-        ClipCovConfig,
+        "clip_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         loss_type="bnpo",
         delta=delta,
         clip_cov_ratio=1.0,
         clip_cov_lb=lb,
         clip_cov_ub=ub,
     )
-    loss, gradients = trainer_step(trainer, inputs)
+    loss, gradients = loss_and_gradients(trainer, inputs)
 
     def per_token_loss(log_probs, old, ratio, advantages):
         surrogate = -torch.min(torch.clamp(ratio, max=delta) * advantages, torch.clamp(ratio, 0.8, 1.2) * advantages)
@@ -376,18 +371,12 @@ def test_clip_cov_generation_batch_selection_equals_float64_reference(
     assert len(candidates) == 8
     options = dict(clip_cov_lb=lb, clip_cov_ub=ub, cov_selection_scope="generation_batch", seed=5)
     trainer = build_trainer(
-        ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, clip_cov_ratio=1.0, **options
+        "clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, clip_cov_ratio=1.0, **options
     )
     selection = trainer.part("clip_cov").select_over_generation_batch(dict(inputs))
     assert selected_set(selection) == set(candidates)  # n >= candidates
     trainer = build_trainer(
-        ClipCovTrainer,
-        ClipCovConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        clip_cov_ratio=3.5 / len(cov),
-        **options,
+        "clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, clip_cov_ratio=3.5 / len(cov), **options
     )
     draws = []
     for step in (0, 1, 0):

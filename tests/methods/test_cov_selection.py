@@ -14,20 +14,19 @@ from _support.cov import (
     Reference,
     assert_same,
     batch,
-    build_trainer,
     clip_cov_loss_fn,
     clip_cov_reference,
     kl_cov_loss_fn,
     logged,
-    make_config,
     reference_clip_active,
     reference_count,
     reference_covariance,
     token_mask,
-    trainer_step,
 )
 from _support.cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
 from _support.distributed_run import make_trainer, ranked_reward
+from _support.grpo import build_trainer, loss_and_gradients, toy_config
+from _support.parity import ACCUMULATION
 from _support.rounding import Bound, check, record
 
 from trl_entropy.core.statistics import covariance_moments, pooled_covariance
@@ -35,10 +34,9 @@ from trl_entropy.core.trl.surrogates import ppo_clip_active
 from trl_entropy.methods.clip_cov import (
     CLIP_COV_GENERATOR_FILE,
     ClipCovConfig,
-    ClipCovTrainer,
 )
 from trl_entropy.methods.cov_selection import COV_SELECTION_KEY, COV_SELECTION_SCOPES, selection_count
-from trl_entropy.methods.kl_cov import KLCovConfig, KLCovTrainer
+from trl_entropy.methods.kl_cov import KLCovConfig
 from trl_entropy.toy import build_toy_dataset
 
 
@@ -100,9 +98,9 @@ def test_pooled_covariance_centres_over_the_whole_pool():
 
 
 def test_config_defaults(tmp_path):
-    clip = make_config(ClipCovConfig, tmp_path)
+    clip = toy_config(ClipCovConfig, tmp_path)
     assert (clip.clip_cov_ratio, clip.clip_cov_lb, clip.clip_cov_ub, clip.epsilon) == (2e-4, 1.0, 5.0, 0.2)
-    kl = make_config(KLCovConfig, tmp_path, num_iterations=2)
+    kl = toy_config(KLCovConfig, tmp_path, num_iterations=2)
     assert (kl.kl_cov_ratio, kl.kl_cov_coef) == (2e-3, 1.0)
     assert clip.cov_selection_scope == kl.cov_selection_scope == "micro_batch"  # the authors' code
     for config_class in (ClipCovConfig, KLCovConfig):
@@ -134,19 +132,19 @@ def test_config_defaults(tmp_path):
 )
 def test_config_rejects_bad_values(tmp_path, config_class, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        make_config(config_class, tmp_path, num_iterations=2, **options)
+        toy_config(config_class, tmp_path, num_iterations=2, **options)
 
 
 def test_config_accepts_supported_options(tmp_path):
     for loss_type, scope in zip(LOSS_TYPES, itertools.cycle(["micro_batch", "generation_batch"])):
-        make_config(
+        toy_config(
             ClipCovConfig, tmp_path, loss_type=loss_type, delta=1.5, epsilon_high=0.28, cov_selection_scope=scope
         )
-        make_config(
+        toy_config(
             KLCovConfig, tmp_path, loss_type=loss_type, num_iterations=2, kl_cov_coef=0.0, cov_selection_scope=scope
         )
-    make_config(ClipCovConfig, tmp_path, clip_cov_ratio=1.0, clip_cov_lb=-1.0, clip_cov_ub=float("inf"))
-    unbounded = make_config(ClipCovConfig, tmp_path, clip_cov_lb=-math.inf, clip_cov_ub=math.inf)
+    toy_config(ClipCovConfig, tmp_path, clip_cov_ratio=1.0, clip_cov_lb=-1.0, clip_cov_ub=float("inf"))
+    unbounded = toy_config(ClipCovConfig, tmp_path, clip_cov_lb=-math.inf, clip_cov_ub=math.inf)
     assert (unbounded.clip_cov_lb, unbounded.clip_cov_ub) == (-math.inf, math.inf)
 
 
@@ -161,19 +159,19 @@ def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_to
     common = dict(loss_type="bnpo", num_iterations=2, cov_selection_scope="generation_batch")
     if method == "clip_cov":
         clip_cov_reference(reference, -1e9, 1e9)  # no ratio within rounding of the clip boundaries
-        trainer = build_trainer(ClipCovTrainer, ClipCovConfig, toy_model_path, toy_tokenizer, tmp_path, **common)
+        trainer = build_trainer("clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, **common)
         affected = {token for token in carried if not reference.clip_active(*token)}
         assert set() != affected != carried, "the case must hold clip-active and free carried tokens"
         loss_fn, metric = clip_cov_loss_fn(affected), "clip_cov/detached_fraction"
     else:
-        trainer = build_trainer(KLCovTrainer, KLCovConfig, toy_model_path, toy_tokenizer, tmp_path, **common)
+        trainer = build_trainer("kl_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, **common)
         affected = carried
         loss_fn, metric = kl_cov_loss_fn(carried, 1.0), "kl_cov/penalised_fraction"
     with pytest.raises(KeyError, match="select_over_generation_batch"):
         trainer.compute_loss(trainer.model, dict(inputs))  # a hand-built batch without the mask
     inputs[COV_SELECTION_KEY] = token_mask(inputs["completion_mask"].shape, carried).bool()
     trainer._metrics["train"].clear()
-    loss, gradients = trainer_step(trainer, inputs)
+    loss, gradients = loss_and_gradients(trainer, inputs)
     expected_loss, expected_gradients = reference.loss_and_gradients(loss_fn, "bnpo", 6)
     assert_same(loss, gradients, expected_loss, expected_gradients)
     assert trainer._metrics["train"][metric] == [pytest.approx(len(affected) / len(reference.valid))]

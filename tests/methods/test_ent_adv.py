@@ -10,24 +10,21 @@ import re
 
 import pytest
 import torch
+from _reference.float64_policy import completion_log_probs, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
     loss_and_gradients,
     make_grpo_batch,
     naive_entropy,
-    naive_log_softmax,
     toy_config,
 )
-from _support.parity import assert_same_step
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from _support.parity import TRL, assert_same_step
 
 from trl_entropy.core.batch import CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.ent_adv import (
     EntropyAdvantageConfig,
-    EntropyAdvantageTrainer,
     entropy_bonus,
     entropy_shaped_advantages,
 )
@@ -87,8 +84,7 @@ def test_worked_example_shaped_advantages():
 @pytest.fixture(scope="module")
 def grpo_trainer(toy_model_path, toy_tokenizer, tmp_path_factory):
     return build_trainer(
-        EntropyAdvantageTrainer,
-        EntropyAdvantageConfig,
+        "ent_adv",
         toy_model_path,
         toy_tokenizer,
         tmp_path_factory.mktemp("ent_adv"),
@@ -242,8 +238,7 @@ def test_loss_gradients_and_metrics_equal_grpo_trainer_fed_the_float64_shaped_ad
 ):
     options = {"loss_type": loss_type, **LOSS_CASES[loss_type]}
     ours = build_trainer(
-        EntropyAdvantageTrainer,
-        EntropyAdvantageConfig,
+        "ent_adv",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
@@ -252,9 +247,7 @@ def test_loss_gradients_and_metrics_equal_grpo_trainer_fed_the_float64_shaped_ad
         **options,
     )
     if loss_type not in trl_trainers:
-        trl_trainers[loss_type] = build_trainer(
-            GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options
-        )
+        trl_trainers[loss_type] = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     trl_trainer = trl_trainers[loss_type]
     inputs = real_batch(trl_trainer.model, toy_tokenizer, seed=list(LOSS_CASES).index(loss_type))
     expected, capped, margin = float64_shaped(trl_trainer.model, inputs)
@@ -299,8 +292,7 @@ def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy
     min."""
     epsilon, delta, beta = 0.2, 1.25, 0.04
     ours = build_trainer(
-        EntropyAdvantageTrainer,
-        EntropyAdvantageConfig,
+        "ent_adv",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -313,15 +305,9 @@ def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy
     inputs = real_batch(ours.model, toy_tokenizer, seed=11)
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
-    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
-    log_softmax = naive_log_softmax(reference, inputs)  # detached: the entropy only
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = reference(input_ids=input_ids, attention_mask=attention_mask).logits
-    prompt_length = inputs["prompt_ids"].size(1)
-    log_probs = torch.log_softmax(logits[:, prompt_length - 1 : -1], -1)
-    log_probs = log_probs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    reference = float64_model(toy_model_path)
+    entropy = naive_entropy(reference, inputs)  # detached: the entropy only
+    log_probs = completion_log_probs(reference, inputs)
     advantages = inputs["advantages"].double().unsqueeze(1)
     shaped_advantages = advantages + torch.minimum(ALPHA * entropy, advantages.abs() / KAPPA)
     ratio = torch.exp(log_probs - inputs["old_per_token_logps"].double())
@@ -347,16 +333,8 @@ def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy
     "options", [{"loss_type": "grpo", "beta": 0.04, "delta": 1.2}], ids=lambda options: options["loss_type"]
 )
 def test_zero_alpha_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, options):
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    ours = build_trainer(
-        EntropyAdvantageTrainer,
-        EntropyAdvantageConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        ent_adv_alpha=0.0,
-        **options,
-    )
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    ours = build_trainer("ent_adv", toy_model_path, toy_tokenizer, tmp_path / "ours", ent_adv_alpha=0.0, **options)
     inputs = real_batch(trl_trainer.model, toy_tokenizer, seed=5)
     assert_same_step(trl_trainer, ours, inputs)
     assert ours._metrics["train"]["ent_adv/mean_bonus"] == [0.0]

@@ -19,6 +19,7 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
+from _reference.float64_policy import float64_model
 from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
@@ -31,7 +32,6 @@ from _support.grpo import (
     toy_config,
     toy_trainer,
 )
-from transformers import AutoModelForCausalLM
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
@@ -205,13 +205,7 @@ def test_worked_example_through_the_trainer(branch, variant, toy_model_path, toy
 def test_the_cycle_count_follows_the_optimizer_steps_and_the_layout(toy_model_path, toy_tokenizer, tmp_path):
     """``k``: micro-batches done over those per cycle; ``K = ceil(S · accumulation / per cycle)``."""
     trainer = build_trainer(
-        EntrocraftTrainer,
-        EntrocraftConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        accumulation=4,
-        steps_per_generation=2,
+        "entrocraft", toy_model_path, toy_tokenizer, tmp_path, accumulation=4, steps_per_generation=2
     )
     trainer.state.max_steps = 7
     for global_step, micro_step, expected in ((0, 0, 0), (0, 2, 1), (3, 12, 6), (3, 14, 7)):
@@ -225,8 +219,8 @@ def test_the_cycle_count_follows_the_optimizer_steps_and_the_layout(toy_model_pa
 def test_on_policy_the_rollout_entropy_is_one_pass_without_gradient(toy_model_path, toy_tokenizer, tmp_path):
     """No rollout log-probs (on-policy TRL makes none): the trainer scores the generation batch once, without
     gradient; its mean is the float64 entropy of the full logits over the valid tokens."""
-    trainer = build_trainer(EntrocraftTrainer, EntrocraftConfig, toy_model_path, toy_tokenizer, tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    trainer = build_trainer("entrocraft", toy_model_path, toy_tokenizer, tmp_path)
+    model = float64_model(toy_model_path)
     inputs = make_grpo_batch(model, len(toy_tokenizer), old_noise=None, ref=False)
     mask = inputs["completion_mask"].double()
     expected = float((naive_entropy(model, inputs) * mask).sum() / mask.sum())
@@ -348,8 +342,7 @@ def test_loss_and_every_gradient_equal_a_float64_loss(
     options = dict(entrocraft_shape="fixed", entrocraft_lower_start=band, entrocraft_upper_start=band)
     options |= {"entrocraft_variant": variant} | ({"entrocraft_reward_offset": 0.5} if variant == "code" else {})
     ours = build_trainer(
-        EntrocraftTrainer,
-        EntrocraftConfig,
+        "entrocraft",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -372,7 +365,7 @@ def test_loss_and_every_gradient_equal_a_float64_loss(
     torch.testing.assert_close(inputs["advantages"].double(), expected, rtol=1e-6, atol=1e-7)
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
-    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    reference = float64_model(toy_model_path)
     log_probs, _, _ = scores(reference, inputs)
     loss = float64_loss(loss_type, ours.args, log_probs, {**inputs, "advantages": expected})
     loss.backward()

@@ -15,19 +15,17 @@ import re
 import pytest
 import torch
 from _reference.combined_reference import weighted_mean
+from _reference.float64_policy import completion_log_probs, float64_model
 from _reference.pairs import PairMethod, PairReference, widest_gap
 from _support.distributed_run import make_trainer
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_log_softmax, toy_config
-from _support.parity import assert_same_step
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_entropy, toy_config
+from _support.parity import TRL, assert_same_step
 from _support.stand_in_rank import StandInRank
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.core.batch import CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.entropic import (
     EntroPICConfig,
-    EntroPICTrainer,
     entropic_alpha,
     entropic_pi_step,
     entropic_term,
@@ -170,13 +168,7 @@ def loss_step_from_controllers_to_regularisers(trainer, batch):
 def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_tokenizer, tmp_path):
     # steps_per_generation = 2, one pass: each micro-batch is half of the generation cycle, w = 1/2
     trainer = build_trainer(
-        EntroPICTrainer,
-        EntroPICConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type="grpo",
-        steps_per_generation=2,
+        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo", steps_per_generation=2
     )
     controller = trainer.controllers["entropic"]
     assert (controller.value, controller.integral, controller.weight) == (0.0, 0.0, 0.5)
@@ -214,14 +206,7 @@ def test_a_micro_batch_moves_the_integral_by_its_share_of_a_cycle_of_every_pass(
     integral by (H̄ − H*)/4 (the one-process training run's fact below, in one loss step). H̄ is the mean over the
     micro-batch's valid tokens: the padded position's 5 nats count for nothing."""
     trainer = build_trainer(
-        EntroPICTrainer,
-        EntroPICConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type="grpo",
-        steps_per_generation=2,
-        num_iterations=2,
+        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo", steps_per_generation=2, num_iterations=2
     )
     entropy, mask = [[0.2, 0.5, 5.0], [0.4, 0.1, 0.3]], [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
     mean = sum(h * m for row, valid in zip(entropy, mask, strict=True) for h, m in zip(row, valid, strict=True)) / 5
@@ -257,13 +242,7 @@ def test_alpha_and_the_token_sum_normaliser_take_every_ranks_tokens(
     divides the term by both ranks' high-probability tokens per rank, (3 + 1) / 2, as DDP averages the ranks'
     gradients."""
     trainer = build_trainer(
-        EntroPICTrainer,
-        EntroPICConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type="dapo",
-        steps_per_generation=2,
+        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="dapo", steps_per_generation=2
     )
     entropy_sum, tokens, high_tokens = SECOND_RANK_SUMS
     second_rank = [torch.tensor([[entropy_sum, tokens]]), torch.tensor([high_tokens, tokens])]
@@ -333,14 +312,8 @@ assert set(LOSS_CASES) == set(LOSS_TYPES)  # every loss type: EntroPIC refuses n
 
 def float64_scores(path, inputs):
     """A float64 copy of the model, its differentiable log-probs of the completion tokens and its detached entropy."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
-    log_softmax = naive_log_softmax(model, inputs)
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, inputs["prompt_ids"].size(1) - 1 : -1]
-    log_probs = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    return model, log_probs, entropy
+    model = float64_model(path)
+    return model, completion_log_probs(model, inputs), naive_entropy(model, inputs)
 
 
 def threshold_from_the_batch(log_probs, mask, advantages):
@@ -369,9 +342,7 @@ def test_loss_and_gradients_equal_grpo_trainer_plus_the_float64_term(
 ):
     options = {"loss_type": loss_type, **LOSS_CASES[loss_type]}
     if loss_type not in trl_trainers:
-        trl_trainers[loss_type] = build_trainer(
-            GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options
-        )
+        trl_trainers[loss_type] = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     trl_trainer = trl_trainers[loss_type]
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=list(LOSS_CASES).index(loss_type))
     inputs["advantages"] = ADVANTAGES.clone()
@@ -380,8 +351,7 @@ def test_loss_and_gradients_equal_grpo_trainer_plus_the_float64_term(
     tau, high = threshold_from_the_batch(log_probs.detach(), mask, ADVANTAGES)
 
     ours = build_trainer(
-        EntroPICTrainer,
-        EntroPICConfig,
+        "entropic",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
@@ -430,10 +400,9 @@ def test_loss_and_gradients_equal_grpo_trainer_plus_the_float64_term(
     ids=lambda options: options["loss_type"],
 )
 def test_zero_gains_equal_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, options):
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     ours = build_trainer(
-        EntroPICTrainer,
-        EntroPICConfig,
+        "entropic",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
@@ -451,10 +420,8 @@ def test_zero_gains_equal_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, 
 
 def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenizer, tmp_path):
     """τ above every probability of the batch: the term is exactly 0, no NaN, and the step is trl.GRPOTrainer's."""
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl")
-    ours = build_trainer(
-        EntroPICTrainer, EntroPICConfig, toy_model_path, toy_tokenizer, tmp_path / "ours", entropic_high_prob=0.5
-    )
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl")
+    ours = build_trainer("entropic", toy_model_path, toy_tokenizer, tmp_path / "ours", entropic_high_prob=0.5)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=7)
     assert_same_step(trl_trainer, ours, inputs)
     controller = ours.controllers["entropic"]
@@ -468,7 +435,7 @@ def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenize
 
 
 def test_zero_entropy_micro_batch_gives_a_finite_loss(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer(EntroPICTrainer, EntroPICConfig, toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo")
+    trainer = build_trainer("entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo")
     batch = example_batch(0.0)
     loss = loss_step(trainer, batch)
     loss.backward()
@@ -499,8 +466,6 @@ def world_rank(model: str, output_dir: str) -> None:
 
 def record_micro_batches(trainer) -> list[dict]:
     """After every training loss step of ``trainer``: this rank's float64 entropy sums and the controller's state."""
-    from _support.grpo import naive_entropy
-
     records, compute = [], trainer._compute_loss
     controller = trainer.controllers["entropic"]
 

@@ -21,6 +21,7 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
+from _reference.float64_policy import float64_model
 from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
@@ -34,12 +35,10 @@ from _support.grpo import (
     toy_config,
     toy_trainer,
 )
-from _support.parity import assert_same_step
+from _support.parity import TRL, assert_same_step
 from _support.resume import CHECKPOINT, assert_resumed_equals_straight, step_values
 from _support.resume import train as train_with_checkpoints
 from peft import get_peft_model
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.checkpoint import GENERATION_BATCH_FILE
@@ -153,8 +152,7 @@ def test_worked_example_loss_and_gradient_as_pure_functions():
 @pytest.fixture(scope="module")
 def example_trainer(toy_model_path, toy_tokenizer, tmp_path_factory):
     return build_trainer(
-        ERCTrainer,
-        ERCConfig,
+        "erc",
         toy_model_path,
         toy_tokenizer,
         tmp_path_factory.mktemp("erc"),
@@ -296,19 +294,12 @@ def float64_erc_loss(loss_type, args, reference, inputs):
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
 def test_loss_and_every_gradient_equal_a_float64_erc_loss(toy_model_path, toy_tokenizer, tmp_path, loss_type):
     ours = build_trainer(
-        ERCTrainer,
-        ERCConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type=loss_type,
-        **OFF_POLICY,
-        **LOSS_CASES[loss_type],
+        "erc", toy_model_path, toy_tokenizer, tmp_path, loss_type=loss_type, **OFF_POLICY, **LOSS_CASES[loss_type]
     )
     inputs, targets = batch_with_rollout_entropy(ours.model, toy_tokenizer, seed=list(LOSS_CASES).index(loss_type))
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
-    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    reference = float64_model(toy_model_path)
     loss, keep, rho = float64_erc_loss(loss_type, ours.args, reference, inputs)
     loss.backward()
     mask = inputs["completion_mask"].bool()
@@ -340,17 +331,9 @@ def test_the_neutral_band_equals_grpo_trainer_on_far_entropy_ratios(
     toy_model_path, toy_tokenizer, tmp_path, loss_type
 ):
     options = {"loss_type": loss_type, **NEUTRAL_CASES[loss_type]}
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     ours = build_trainer(
-        ERCTrainer,
-        ERCConfig,
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        erc_low=0.0,
-        erc_high=inf,
-        **OFF_POLICY,
-        **options,
+        "erc", toy_model_path, toy_tokenizer, tmp_path / "ours", erc_low=0.0, erc_high=inf, **OFF_POLICY, **options
     )
     inputs, _ = batch_with_rollout_entropy(trl_trainer.model, toy_tokenizer, seed=3, ratios=(1e-6, 1e6, 0.01, 50.0))
     assert_same_step(trl_trainer, ours, inputs)
@@ -359,10 +342,10 @@ def test_the_neutral_band_equals_grpo_trainer_on_far_entropy_ratios(
 
 def test_the_default_band_on_an_on_policy_batch_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path):
     """On-policy TRL computes no rollout log-probs: the loss step takes H^old = H, ρ = 1, and keeps every token."""
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", beta=0.04)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", beta=0.04)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the on-policy warning, tested above
-        ours = build_trainer(ERCTrainer, ERCConfig, toy_model_path, toy_tokenizer, tmp_path / "ours", beta=0.04)
+        ours = build_trainer("erc", toy_model_path, toy_tokenizer, tmp_path / "ours", beta=0.04)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=4, old_noise=None)
     assert OLD_ENTROPY_KEY not in inputs
     assert_same_step(trl_trainer, ours, inputs)
@@ -452,8 +435,8 @@ def test_the_carried_rollout_entropy_is_the_rollout_policys_in_every_layout(layo
     assert len(trainer.rollout_weights) == 3
     assert len(trainer.micro_batches) == steps * options.get("gradient_accumulation_steps", 1)
 
-    reference = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)  # LoRA: the base model
-    policy = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)
+    reference = float64_model(warm_toy_policy_path)  # LoRA: the base model
+    policy = float64_model(warm_toy_policy_path)
     if peft_config is not None:
         policy = get_peft_model(policy, lora_config())
     moved_from_rollout = moved_from_reference = 0.0

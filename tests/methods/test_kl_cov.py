@@ -15,22 +15,20 @@ from _support.cov import (
     Reference,
     assert_same,
     batch,
-    build_trainer,
     clipped_surrogate,
     generation_batch,
     kl_cov_loss_fn,
     logged,
-    make_config,
     on_policy_warnings,
     reference_count,
     reference_pooled_covariance,
     run_training,
     selected_set,
     train_options,
-    trainer_step,
 )
 from _support.distributed_run import make_trainer
-from _support.grpo import toy_config, toy_dataset
+from _support.grpo import build_trainer, loss_and_gradients, toy_config, toy_dataset
+from _support.parity import ACCUMULATION
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.methods.kl_cov import KLCovConfig, KLCovTrainer, kl_cov_selection
@@ -73,7 +71,7 @@ def test_kl_cov_warns_once_per_trainer_when_fully_on_policy(warm_toy_policy_path
     the training steps. Off-policy layouts, none: tests/trainer/test_base.py, for every method."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # every occurrence, not once per code location
-        make_config(KLCovConfig, tmp_path)  # steps_per_generation = gradient_accumulation_steps, one iteration
+        toy_config(KLCovConfig, tmp_path)  # steps_per_generation = gradient_accumulation_steps, one iteration
         assert not on_policy_warnings(caught)
         trainer = make_trainer("kl_cov", warm_toy_policy_path, str(tmp_path / "on"), num_iterations=1, max_steps=2)
         assert len(on_policy_warnings(caught)) == 1
@@ -121,18 +119,18 @@ def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss
     )
     coef = 0.7
     trainer = build_trainer(
-        KLCovTrainer,
-        KLCovConfig,
+        "kl_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         loss_type=loss_type,
         beta=beta,
         num_iterations=2,
         kl_cov_ratio=ratio,
         kl_cov_coef=coef,
     )
-    loss, gradients = trainer_step(trainer, inputs)
+    loss, gradients = loss_and_gradients(trainer, inputs)
     expected_loss, expected_gradients = reference.loss_and_gradients(
         kl_cov_loss_fn(penalised, coef), loss_type, 6, beta=beta
     )
@@ -153,9 +151,9 @@ def test_kl_cov_equal_advantages_penalises_one_zero_covariance_token(toy_model_p
     reference = Reference(toy_model_path, inputs)
     assert max(abs(c) for c in reference.cov.values()) < 1e-12
     trainer = build_trainer(
-        KLCovTrainer, KLCovConfig, toy_model_path, toy_tokenizer, tmp_path, loss_type="bnpo", num_iterations=2
+        "kl_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, loss_type="bnpo", num_iterations=2
     )
-    loss, _ = trainer_step(trainer, inputs)
+    loss, _ = loss_and_gradients(trainer, inputs)
     options = [reference.loss(kl_cov_loss_fn({t}, 1.0), "bnpo", 6) for t in reference.valid]
     assert min(abs(value - loss.double()) for value in options) < 1e-6
     assert trainer._metrics["train"]["kl_cov/penalised_fraction"] == [pytest.approx(1 / len(reference.valid))]
@@ -166,16 +164,16 @@ def test_kl_cov_without_penalty_is_unclipped_policy_gradient(toy_model_path, toy
     inputs = batch(toy_model_path, toy_tokenizer, seed=41, old_noise=0.4)
     reference = Reference(toy_model_path, inputs)
     trainer = build_trainer(
-        KLCovTrainer,
-        KLCovConfig,
+        "kl_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         loss_type="dapo",
         num_iterations=2,
         kl_cov_coef=0.0,
     )
-    loss, gradients = trainer_step(trainer, inputs)
+    loss, gradients = loss_and_gradients(trainer, inputs)
     expected_loss, expected_gradients = reference.loss_and_gradients(kl_cov_loss_fn(set(), 0.0), "dapo", 6)
     assert_same(loss, gradients, expected_loss, expected_gradients)
     clipped_loss = reference.loss(lambda lp, old, r, a: clipped_surrogate(r, a), "dapo", 6)
@@ -206,11 +204,11 @@ def test_kl_cov_generation_batch_selection_equals_float64_reference(
     ranked = sorted(cov, key=lambda token: cov[token], reverse=True)
     assert cov[ranked[count - 1]] - cov[ranked[count]] > 1e-5  # no near-tie at the cut
     trainer = build_trainer(
-        KLCovTrainer,
-        KLCovConfig,
+        "kl_cov",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
+        ACCUMULATION,
         num_iterations=2,
         kl_cov_ratio=ratio,
         cov_selection_scope="generation_batch",

@@ -13,7 +13,8 @@ import pytest
 import torch
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
-from trl import GRPOConfig, GRPOTrainer
+from _support.parity import TRL
+from trl import GRPOTrainer
 
 from trl_entropy import EntropyGRPOTrainer, QAEConfig, QAETrainer
 from trl_entropy.core.config import EntropyGRPOBaseConfig
@@ -332,10 +333,8 @@ def test_generation_batch_carries_the_formulas_advantages(
 def test_loss_and_gradients_equal_grpo_trainer_with_the_formulas_advantages(
     toy_model_path, toy_tokenizer, tmp_path, loss_type
 ):
-    trl_trainer = build_trainer(
-        GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type=loss_type
-    )
-    ours = build_trainer(QAETrainer, QAEConfig, toy_model_path, toy_tokenizer, tmp_path / "ours", loss_type=loss_type)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type=loss_type)
+    ours = build_trainer("qae", toy_model_path, toy_tokenizer, tmp_path / "ours", loss_type=loss_type)
     inputs = make_grpo_batch(ours.model, ours.model.config.vocab_size, seed=3)
     inputs["advantages"] = torch.tensor(spec_advantages([1.0, 0.0, 0.0, 0.0], 4, 0.4, "group"), dtype=torch.float32)
     assert inputs["advantages"].tolist() == pytest.approx([1 / (0.5 + 1e-4), 0.0, 0.0, 0.0])

@@ -19,9 +19,10 @@ from _support.grpo import (
     split_batch,
     varied_batch,
 )
-from trl import GRPOConfig, GRPOTrainer
+from _support.parity import TRL
+from trl import GRPOConfig
 
-from trl_entropy.methods.repo import REPOConfig, REPOController, REPOTrainer, repo_advantages
+from trl_entropy.methods.repo import REPOConfig, REPOController, repo_advantages
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -275,10 +276,9 @@ def test_loss_and_gradients_equal_grpo_trainer_with_the_specs_advantages(
     toy_model_path, toy_tokenizer, tmp_path, variant, centering, beta, keep_sign, loss_type, level
 ):
     options = dict(loss_type=loss_type, importance_sampling_level=level)
-    trl_trainer = build_trainer(GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
     ours = build_trainer(
-        REPOTrainer,
-        REPOConfig,
+        "repo_r",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
@@ -317,9 +317,7 @@ def test_loss_and_gradients_equal_grpo_trainer_with_the_specs_advantages(
 
 
 def test_target_is_the_first_cycles_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer(
-        REPOTrainer, REPOConfig, toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.04
-    )
+    trainer = build_trainer("repo_r", toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.04)
     inputs = varied_batch(trainer.model, len(toy_tokenizer), seed=0)
     first, second = split_batch(inputs)
     set_sync(trainer, False)

@@ -16,10 +16,10 @@ import math
 
 import pytest
 import torch
+from _reference.float64_policy import completion_logits, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.checkpoint_files import resume_from_saved
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
-from transformers import AutoModelForCausalLM
 
 from trl_entropy.core.batch import CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
@@ -156,26 +156,20 @@ def test_loss_and_every_gradient_equal_a_float64_siren_loss(warm_toy_policy_path
     the policy term the loss type's own (the neutral trainer's, which the registry's suite holds equal to TRL's). The
     warm policy is peaked: some positions' top token alone holds p (an empty set), others keep up to K tokens."""
     options = dict(siren_anchor=0.3, siren_coef=0.5, siren_top_p=0.95, siren_top_k=3, siren_mask_ratio=0.5)
-    siren = build_trainer(
-        SIRENTrainer, SIRENConfig, warm_toy_policy_path, toy_tokenizer, tmp_path / "a", loss_type=loss_type, **options
-    )
+    siren = build_trainer("siren", warm_toy_policy_path, toy_tokenizer, tmp_path / "a", loss_type=loss_type, **options)
     plain = build_trainer(
-        SIRENTrainer,
-        SIRENConfig,
+        "siren",
         warm_toy_policy_path,
         toy_tokenizer,
         tmp_path / "b",
         loss_type=loss_type,
         **options | {"siren_coef": 0.0},
     )
-    model = AutoModelForCausalLM.from_pretrained(warm_toy_policy_path, dtype=torch.float64)
+    model = float64_model(warm_toy_policy_path)
     inputs = make_grpo_batch(model, len(toy_tokenizer), seed=5)
     ours, ours_grads = loss_and_gradients(siren, inputs)
     base, base_grads = loss_and_gradients(plain, inputs)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, inputs["prompt_ids"].size(1) - 1 : -1]
-    entropy, sizes = top_p_entropy(logits, 0.95, 3)
+    entropy, sizes = top_p_entropy(completion_logits(model, inputs), 0.95, 3)
     mask = inputs["completion_mask"].double()
     valid = sizes[mask.bool()]
     assert (valid == 0).any() and (valid == 3).any(), valid  # empty sets, and sets K cuts short (2 or more tokens)
@@ -219,19 +213,12 @@ def recorded_run(path, tokenizer, output_dir, **options):
 def test_the_anchor_is_measured_once_on_the_first_batch_under_the_rollout_policy(
     toy_model_path, toy_tokenizer, tmp_path
 ):
-    initial = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    initial = float64_model(toy_model_path)
     trainer, seen, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=3)
     trainer.train()
     assert len(seen) == 3 and len(measured) == 1  # three generation batches, one measurement
     first = seen[0]
-    input_ids = torch.cat([first["prompt_ids"], first["completion_ids"]], 1)
-    attention_mask = torch.cat([first["prompt_mask"], first["completion_mask"]], 1)
-    with torch.no_grad():
-        logits = initial(input_ids=input_ids, attention_mask=attention_mask).logits[
-            :, first["prompt_ids"].size(1) - 1 : -1
-        ]
-    entropy, _ = top_p_entropy(logits, 0.8, 10000)
-    expected = peak_mean(entropy, first["completion_mask"].double(), 0.8).item()
+    expected = float64_anchor(initial, first)
     assert trainer.siren_anchor == pytest.approx(expected, rel=1e-5)
     logged = [entry["siren/anchor"] for entry in trainer.state.log_history if "siren/anchor" in entry]
     assert logged == [pytest.approx(expected, rel=1e-5)] * 3
@@ -247,13 +234,8 @@ def test_a_resumed_run_keeps_the_anchor_and_never_measures_again(toy_model_path,
 
 def float64_anchor(model, batch):
     """The anchor of a generation batch at the defaults (p 0.8, K 10000, ρ 0.8), from the float64 full logits."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[
-            :, batch["prompt_ids"].size(1) - 1 : -1
-        ]
-    entropy, _ = top_p_entropy(logits, 0.8, 10000)
+        entropy, _ = top_p_entropy(completion_logits(model, batch), 0.8, 10000)
     return peak_mean(entropy, batch["completion_mask"].double(), 0.8).item()
 
 
@@ -265,8 +247,8 @@ def generation_batches(model, vocab_size):
 def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_path, toy_tokenizer, tmp_path):
     """The quick loop's check of the training run's fact above: an evaluation batch measures nothing, the first
     training batch measures the anchor (its float64 value), the second leaves it."""
-    trainer = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    trainer = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path)
+    model = float64_model(toy_model_path)
     first, second, evaluation = generation_batches(model, len(toy_tokenizer))
     assert abs(float64_anchor(model, first) - float64_anchor(model, second)) > 1e-3  # a second measurement shows
     part = trainer.part(SIRENPart.key)
@@ -285,12 +267,12 @@ def test_a_checkpoint_carries_the_anchor_and_the_resumed_trainer_never_measures(
     """The quick loop's check of the resumed run's fact above, through the checkpoint's save and restore functions:
     the anchor measured before the checkpoint comes back bit for bit, and the resumed trainer's next generation batch
     measures nothing."""
-    saved = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path / "saved")
-    model = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    saved = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path / "saved")
+    model = float64_model(toy_model_path)
     first, second, _ = generation_batches(model, len(toy_tokenizer))
     saved.part(SIRENPart.key).on_generation_batch(first)
     saved.state.global_step = 1
-    resumed = build_trainer(SIRENTrainer, SIRENConfig, toy_model_path, toy_tokenizer, tmp_path / "resumed")
+    resumed = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path / "resumed")
     resume_from_saved(saved, resumed, str(tmp_path / "checkpoint-1"))
     assert resumed.siren_anchor == saved.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
     measured = []

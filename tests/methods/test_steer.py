@@ -17,14 +17,14 @@ import math
 import pytest
 import torch
 from _reference.combined_reference import scores
+from _reference.float64_policy import float64_model
 from _reference.loss_types_reference import float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config
-from transformers import AutoModelForCausalLM
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
-from trl_entropy.methods.steer import STEERConfig, STEERPart, STEERTrainer, steer_omega, steer_weights
+from trl_entropy.methods.steer import STEERConfig, STEERPart, steer_omega, steer_weights
 
 
 # The worked example: two sequences of three tokens, the last token of the second masked; ε 0.2 / 0.28, dual clip 10.
@@ -104,8 +104,7 @@ def test_worked_example_loss_and_gradient_with_the_weights_held(mapping):
 @pytest.fixture(params=["exponential", "linear"])
 def example_trainer(request, toy_model_path, toy_tokenizer, tmp_path):
     trainer = build_trainer(
-        STEERTrainer,
-        STEERConfig,
+        "steer",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -245,7 +244,7 @@ def weights_of(trainer, inputs):
 
 
 def test_the_weights_depend_on_the_micro_batch_and_a_fixed_layout_reproduces(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer(STEERTrainer, STEERConfig, toy_model_path, toy_tokenizer, tmp_path)
+    trainer = build_trainer("steer", toy_model_path, toy_tokenizer, tmp_path)
     inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), batch=4, seed=11)
     whole = weights_of(trainer, inputs)
     torch.testing.assert_close(weights_of(trainer, inputs), whole, rtol=0, atol=0)  # the same layout: the same weights
@@ -287,8 +286,7 @@ def float64_steer_weights(log_probs, inputs, weight_min):
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
 def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_tokenizer, tmp_path, loss_type):
     ours = build_trainer(
-        STEERTrainer,
-        STEERConfig,
+        "steer",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -300,7 +298,7 @@ def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_
     inputs["advantages"] = torch.tensor([0.9, -0.5, 1.3, -1.6])  # no zero advantage: every row has a gradient
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
-    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
+    reference = float64_model(toy_model_path)
     log_probs, _, _ = scores(reference, inputs)
     weights = float64_steer_weights(log_probs, inputs, ours.args.steer_weight_min)
     valid = inputs["completion_mask"].bool()

@@ -20,6 +20,8 @@ from _support.grpo import (
     SMALL_BATCH,
     TOY_CACHE,
     make_grpo_batch,
+    naive_entropy,
+    naive_log_probs,
     on_policy_warnings,
     toy_config,
     toy_trainer,
@@ -149,8 +151,7 @@ def test_on_policy_training_warns_at_most_once_and_only_on_policy(method, toy_mo
     subjects = []
     for index, (accumulation, options, on_policy) in enumerate(LAYOUTS):
         messages = on_policy_warnings(
-            spec.trainer_class,
-            spec.config_class,
+            method,
             toy_model_path,
             toy_tokenizer,
             tmp_path / str(index),
@@ -206,14 +207,7 @@ def test_trl_version_guard(installed, supported):
 
 def float64_entropy_sums(model, inputs):
     """Σ m·H and Σ m of a micro-batch, from the full logits in float64."""
-    prompt_len = inputs["prompt_ids"].size(1)
-    with torch.no_grad():
-        logits = model(
-            input_ids=torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
-            attention_mask=torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
-        ).logits.double()
-    log_p = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
-    entropy = -(log_p.exp() * log_p).sum(-1)
+    entropy = naive_entropy(model, inputs)
     mask = inputs["completion_mask"].double()
     return (entropy * mask).sum().item(), mask.sum().item()
 
@@ -297,14 +291,7 @@ def test_cov_logp_adv_is_logged(toy_model_path, toy_tokenizer, tmp_path):
     trainer.current_gradient_accumulation_steps = 1
     batch = make_grpo_batch(trainer.model, len(toy_tokenizer), seed=4, old_noise=None)
     trainer.compute_loss(trainer.model, batch)
-    prompt_len = batch["prompt_ids"].size(1)
-    with torch.no_grad():
-        logits = trainer.model(
-            input_ids=torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
-            attention_mask=torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
-        ).logits.double()
-    log_probs = torch.log_softmax(logits[:, prompt_len - 1 : -1], -1)
-    log_probs = log_probs.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    log_probs = naive_log_probs(trainer.model, batch)
     mask = batch["completion_mask"].bool()
     sampled = log_probs[mask]
     advantages = batch["advantages"].double().unsqueeze(1).expand_as(log_probs)[mask]

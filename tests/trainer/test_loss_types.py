@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, set_sync, toy_dataset
-from _support.parity import assert_same_step, build_pair
+from _reference.float64_policy import completion_log_probs, float64_model
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_dataset
+from _support.parity import TRL, assert_same_step, build_pair
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.trl.objectives import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 from trl_entropy.methods import METHODS, SPECS
 from trl_entropy.toy import build_toy_model, toy_reward
@@ -107,8 +107,7 @@ def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, tmp_p
     level = "sequence" if loss_type == "luspo" else "token"  # each paper's own setting
     options = {**LOSS_OPTIONS[loss_type], "epsilon_high": 1.2 if loss_type == "cispo" else 0.28}
     trainer = build_trainer(
-        EntropyGRPOTrainer,
-        EntropyGRPOConfig,
+        "grpo",
         toy_model_path,
         toy_tokenizer,
         tmp_path,
@@ -119,13 +118,8 @@ def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, tmp_p
     inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), seed=7, old_noise=0.3)
     our_loss, our_grads = loss_and_gradients(trainer, inputs)
 
-    reference = AutoModelForCausalLM.from_pretrained(toy_model_path, dtype=torch.float64)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logits = reference(input_ids=input_ids, attention_mask=attention_mask).logits
-    prompt_length = inputs["prompt_ids"].size(1)
-    log_probs = torch.log_softmax(logits[:, prompt_length - 1 : -1], -1)
-    log_probs = log_probs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    reference = float64_model(toy_model_path)
+    log_probs = completion_log_probs(reference, inputs)
     mask = inputs["completion_mask"].double()
     loss = paper_loss(
         loss_type, log_probs, inputs["old_per_token_logps"].double(), inputs["advantages"].double(), mask, trainer.args
@@ -182,10 +176,7 @@ def cached_trl_trainer(cache, path, tokenizer, tmp_path, loss_type, options):
     """One trl.GRPOTrainer per loss type and options for the whole module (building them is the slow part)."""
     key = (loss_type, tuple(sorted(options.items())))
     if key not in cache:
-        cache[key] = build_trainer(
-            GRPOTrainer, GRPOConfig, path, tokenizer, tmp_path / "trl", loss_type=loss_type, **options
-        )
-    set_sync(cache[key], True)
+        cache[key] = build_trainer(TRL, path, tokenizer, tmp_path / "trl", loss_type=loss_type, **options)
     return cache[key]
 
 
@@ -209,11 +200,8 @@ def test_method_with_loss_type(toy_model_path, toy_tokenizer, tmp_path, trl_trai
     trl_options = {**LOSS_OPTIONS.get(loss_type, {}), **trl_options}
     if loss_type == "cispo":
         ours_options = {**LOSS_OPTIONS["cispo"], **ours_options}
-    ours = build_trainer(
-        spec.trainer_class, spec.config_class, toy_model_path, toy_tokenizer, tmp_path, **options, **ours_options
-    )
+    ours = build_trainer(method, toy_model_path, toy_tokenizer, tmp_path, **options, **ours_options)
     trl = cached_trl_trainer(trl_trainers, toy_model_path, toy_tokenizer, tmp_path, loss_type, trl_options)
-    set_sync(ours, True)
     inputs = make_grpo_batch(trl.model, len(toy_tokenizer), seed=CELLS.index((method, loss_type)), old_noise=0.3)
     assert_same_step(trl, ours, inputs)
 
@@ -290,24 +278,19 @@ def test_remote_code_model_by_name(remote_code_model_path, toy_tokenizer, tmp_pa
     """Every trainer loads a remote-code model by name with trust_remote_code in either place TRL reads it, and the
     base's loss step equals trl.GRPOTrainer's on it."""
     options = TRUST_PLACES[place]
-    for trainer_class, config_class in TRAINERS.items():
+    for classes in TRAINERS.items():
         trainer = build_trainer(
-            trainer_class, config_class, remote_code_model_path, toy_tokenizer, tmp_path / trainer_class.__name__,
-            **options,
-        )  # fmt: skip
+            classes, remote_code_model_path, toy_tokenizer, tmp_path / classes[0].__name__, **options
+        )
         assert type(trainer.model).__name__ == "TinyRemoteForCausalLM"
-    trl_trainer = build_trainer(
-        GRPOTrainer, GRPOConfig, remote_code_model_path, toy_tokenizer, tmp_path / "trl", **options
-    )
-    our_trainer = build_trainer(
-        EntropyGRPOTrainer, EntropyGRPOConfig, remote_code_model_path, toy_tokenizer, tmp_path / "ours", **options
-    )
+    trl_trainer = build_trainer(TRL, remote_code_model_path, toy_tokenizer, tmp_path / "trl", **options)
+    our_trainer = build_trainer("grpo", remote_code_model_path, toy_tokenizer, tmp_path / "ours", **options)
     assert_same_step(trl_trainer, our_trainer, make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=11))
 
 
 def test_model_init_kwargs_win_over_the_config(remote_code_model_path, toy_tokenizer, tmp_path):
     """As in TRL, model_init_kwargs' trust_remote_code=False overrides the config's True: both refuse the model."""
     options = {"trust_remote_code": True, "model_init_kwargs": {"trust_remote_code": False}}
-    for trainer_class, config_class in ((GRPOTrainer, GRPOConfig), (EntropyGRPOTrainer, EntropyGRPOConfig)):
+    for method in (TRL, "grpo"):
         with pytest.raises(ValueError, match="trust_remote_code"):
-            build_trainer(trainer_class, config_class, remote_code_model_path, toy_tokenizer, tmp_path, **options)
+            build_trainer(method, remote_code_model_path, toy_tokenizer, tmp_path, **options)

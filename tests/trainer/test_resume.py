@@ -279,10 +279,7 @@ def test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks(
     """Rank 0 and rank 1 of two, stood in one after the other in one process: the checkpoint holds the world's partial
     sums of the cycle, and after the resume the ranks' sums add up to them once (one rank takes them over), not once
     per rank, which would double the statistic of the cycle's update. The two-process test below runs it for real."""
-    method = METHODS[CYCLE_METHOD]
-    trainer = build_trainer(
-        method.trainer_class, method.config_class, toy_model_path, toy_tokenizer, tmp_path, num_iterations=2
-    )
+    trainer = build_trainer(CYCLE_METHOD, toy_model_path, toy_tokenizer, tmp_path, num_iterations=2)
     accelerator, cycle = trainer.accelerator, trainer.controller_cycle
     (statistic,) = {controller.statistic for controller in trainer.controllers.values()}
     checkpoint = str(tmp_path / "checkpoint")

@@ -26,9 +26,8 @@ PASSES = 2
 
 def trainer_for(case, model_path, tokenizer, output_dir):
     name, settings = CASES[case]
-    entry = METHODS[name]
     options = method_options(name) | {"num_iterations": PASSES, "max_steps": 8} | settings
-    trainer = build_trainer(entry.trainer_class, entry.config_class, model_path, tokenizer, output_dir, **options)
+    trainer = build_trainer(name, model_path, tokenizer, output_dir, **options)
     trainer.state.max_steps = 8
     return trainer
 

@@ -8,12 +8,10 @@ import os
 
 import pytest
 from _support.distributed_run import logged
-from _support.grpo import loss_and_gradients, make_grpo_batch
-from _support.parity import assert_same_step, paired_trainer
+from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
+from _support.parity import ACCUMULATION, TRL, assert_same_step
 from _support.resume import CHECKPOINT, step_values, train
-from trl import GRPOConfig, GRPOTrainer
 
-from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.schedules import Schedule
 
 
@@ -30,11 +28,9 @@ VALUES = [0.0, 0.02, 0.02 * 2 / 3, 0.02 / 3]
 
 
 def trainers(path, tokenizer, tmp_path, coefficient, **schedule):
-    ours = paired_trainer(
-        EntropyGRPOTrainer, EntropyGRPOConfig, path, tokenizer, tmp_path / "ours", max_steps=MAX_STEPS, **schedule
-    )
+    ours = build_trainer("grpo", path, tokenizer, tmp_path / "ours", ACCUMULATION, max_steps=MAX_STEPS, **schedule)
     ours.state.max_steps = MAX_STEPS
-    trl = paired_trainer(GRPOTrainer, GRPOConfig, path, tokenizer, tmp_path / "trl", entropy_coef=coefficient)
+    trl = build_trainer(TRL, path, tokenizer, tmp_path / "trl", ACCUMULATION, entropy_coef=coefficient)
     return trl, ours
 
 
@@ -59,19 +55,19 @@ def test_the_generation_cycle_clock_counts_every_pass_over_the_batch(toy_model_p
     cycle, cycles = 3 * 2 // (2 * 2), 10 * 2 // (2 * 2)
     coefficient = 0.02 + (0.0 - 0.02) * cycle / cycles
     schedule = dict(SCHEDULE, entropy_coef_warmup_steps=0, entropy_schedule_unit="generation_cycle")
-    ours = paired_trainer(
-        EntropyGRPOTrainer,
-        EntropyGRPOConfig,
+    ours = build_trainer(
+        "grpo",
         toy_model_path,
         toy_tokenizer,
         tmp_path / "ours",
+        ACCUMULATION,
         max_steps=10,
         num_iterations=2,
         **schedule,
     )
     ours.state.max_steps, ours.state.global_step = 10, 3
-    trl_trainer = paired_trainer(
-        GRPOTrainer, GRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "trl", num_iterations=2, entropy_coef=0.016
+    trl_trainer = build_trainer(
+        TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", ACCUMULATION, num_iterations=2, entropy_coef=0.016
     )
     assert (cycle, cycles) == (1, 5) and coefficient == pytest.approx(0.016, abs=1e-15)
     assert_same_step(trl_trainer, ours, make_grpo_batch(ours.model, len(toy_tokenizer), seed=4))
@@ -81,7 +77,7 @@ def test_the_generation_cycle_clock_counts_every_pass_over_the_batch(toy_model_p
 def test_the_bonus_has_a_gradient_wherever_its_coefficient_is_not_zero(toy_model_path, toy_tokenizer, tmp_path):
     """The bonus's part of the gradient, against the same step without a bonus, scales with the coefficient."""
     _, ours = trainers(toy_model_path, toy_tokenizer, tmp_path, 0.0, **SCHEDULE)
-    without = paired_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path / "plain")
+    without = build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path / "plain", ACCUMULATION)
     inputs = make_grpo_batch(ours.model, len(toy_tokenizer), seed=3)
     _, base = loss_and_gradients(without, inputs)
     shares = []

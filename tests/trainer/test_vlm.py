@@ -61,7 +61,7 @@ def test_loss_and_gradients_equal_grpo_trainer(vlm, tmp_path):
     trl.GRPOTrainer's loss and every gradient; the gradient reaches the vision tower's patch embedding."""
     family, path, processor = vlm
     trl_trainer, our_trainer = build_pair(
-        path, processor, tmp_path, dataset=image_question_dataset(), reward_funcs=answer_reward, beta=0.04
+        path, processor, tmp_path, train_dataset=image_question_dataset(), reward_funcs=answer_reward, beta=0.04
     )
     inputs = make_vlm_batch(trl_trainer.model, processor, seed=3)
     assert_same_step(trl_trainer, our_trainer, inputs)
@@ -77,7 +77,7 @@ def test_sliced_scoring_equals_grpo_trainer_in_one_pass(vlm, tmp_path, batch_siz
     tensors that the vision tower fails on), the log-probs and entropies TRL's own head gives all rows at once."""
     _, path, processor = vlm
     trl_trainer, our_trainer = build_pair(
-        path, processor, tmp_path, dataset=image_question_dataset(), reward_funcs=answer_reward
+        path, processor, tmp_path, train_dataset=image_question_dataset(), reward_funcs=answer_reward
     )
     inputs = make_vlm_batch(trl_trainer.model, processor, seed=4)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
@@ -235,7 +235,7 @@ def llava_pair(tmp_path_factory):
     path = tmp_path_factory.mktemp("llava_bad_input")
     model.save_pretrained(path)
     trl_trainer, our_trainer = build_pair(
-        str(path), processor, path, dataset=image_question_dataset(), reward_funcs=answer_reward
+        str(path), processor, path, train_dataset=image_question_dataset(), reward_funcs=answer_reward
     )
     return trl_trainer, our_trainer, processor
 

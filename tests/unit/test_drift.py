@@ -191,7 +191,7 @@ def test_renaming_any_guarded_parameter_fails_naming_it(name, parameter, monkeyp
 def test_construction_runs_the_method_check(toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
     monkeypatch.delattr(GRPOTrainer, "_compute_loss")
     with pytest.raises(RuntimeError, match="no longer has the method _compute_loss"):
-        build_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+        build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["_logs", "_pending_metrics"])
@@ -205,7 +205,7 @@ def test_construction_runs_the_attribute_check(name, toy_model_path, toy_tokeniz
 
     monkeypatch.setattr(GRPOTrainer, "__init__", init_without)
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer sets the attribute {name},"):
-        build_trainer(EntropyGRPOTrainer, EntropyGRPOConfig, toy_model_path, toy_tokenizer, tmp_path)
+        build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path)
 
 
 @pytest.mark.parametrize("name", PASS_AT_K_NAMES)
