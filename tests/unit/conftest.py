@@ -10,6 +10,7 @@ FILES = {
     "test_chat_task.py": "pure",
     "test_config_rules.py": "pure",
     "test_docs.py": "pure",
+    "test_doc_budgets.py": "pure",
     "test_drift.py": by_model,
     "test_evaluation.py": by_model,
     "test_method_homes.py": "pure",
