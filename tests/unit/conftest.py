@@ -21,6 +21,7 @@ FILES = {
     "test_schedule_values.py": "pure",
     "test_select_sweep.py": "pure",
     "test_layout.py": "pure",
+    "test_layering.py": "pure",
     "test_tiers.py": "pure",
     "test_toy.py": by_model,
     "test_toy_sweep.py": "pure",

@@ -1,7 +1,7 @@
 """The layout's rules, read from the source so that they hold after every change: one file per method, each reading
 math → controller → part → config → trainer; only core/trl/bridge.py touches TRL's or Trainer's private names (methods
-never do); no method imports another; no import circles; files stay within their size budget, but for the exceptions
-named with their reason in one place; nothing cites a file outside the repository."""
+never do); no method imports another; files stay within their size budget, but for the exceptions named with their
+reason in one place; nothing cites a file outside the repository. The import graph's layers: test_layering.py."""
 
 import ast
 import inspect
@@ -170,93 +170,6 @@ def test_files_stay_within_their_budget(name, budget):
 def test_every_budget_exception_names_a_budgeted_file_and_a_reason():
     assert set(OVER_BUDGET) <= set(BUDGETS)
     assert all(reason.strip() for reason in OVER_BUDGET.values())
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The modules of ``modules`` that ``path`` imports, at module level or inside a function: a function-level
-    import only delays a circle to the first call, and the layers must not depend on each other either way. Imports
-    under ``if TYPE_CHECKING:`` never run and do not count (annotations may name each other).
-    ``from package import name`` counts as an import of the module ``package.name`` when that is a module."""
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
-    found = set()
-    for node in runtime_nodes(tree(path)):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                source = node.module
-            else:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                source = ".".join(filter(None, [base, node.module]))
-            for alias in node.names:
-                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
-    return found & modules
-
-
-def runtime_nodes(node: ast.AST):
-    """``node`` and everything under it, except the bodies of ``if TYPE_CHECKING:`` blocks."""
-    yield node
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and ast.unparse(child.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}:
-            yield from (item for branch in child.orelse for item in runtime_nodes(branch))
-            continue
-        yield from runtime_nodes(child)
-
-
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in PACKAGE_FILES}
-    return {name: imported_modules(path, set(modules)) - {name} for name, path in modules.items()}
-
-
-def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One circle of ``graph`` (``[a, b, …, a]``), or None (depth-first search)."""
-    state: dict[str, str] = {}  # "open" while on the path, "done" once every descendant is explored
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = "open"
-        path.append(node)
-        for child in sorted(graph.get(node, ())):
-            if state.get(child) == "open":
-                return path[path.index(child) :] + [child]
-            if child not in state and (cycle := visit(child)):
-                return cycle
-        path.pop()
-        state[node] = "done"
-        return None
-
-    return next((cycle for node in sorted(graph) if node not in state and (cycle := visit(node))), None)
-
-
-def test_import_cycles_are_found():
-    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
-    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-    typed = ast.parse("if TYPE_CHECKING:\n    import a\nelse:\n    import b\nimport c\n")
-    assert {node.names[0].name for node in runtime_nodes(typed) if isinstance(node, ast.Import)} == {"b", "c"}
-    graph = import_graph()
-    assert "trl_entropy.core.trl.bridge" in graph["trl_entropy.core.trainer"]
-    assert "trl_entropy.core.trl.bridge" in graph["trl_entropy.evaluation.passk"]
-    assert "trl_entropy.evaluation.entropy_law" in graph["trl_entropy.report"]  # a function-level import
-
-
-def test_the_package_has_no_import_cycles():
-    assert import_cycle(import_graph()) is None
-
-
-def test_nothing_in_core_imports_a_method():
-    """The core runs whatever parts a config names: it never reaches for a method (or the registry) itself."""
-    graph = import_graph()
-    offenders = {
-        module: sorted(imported for imported in imports if imported.startswith("trl_entropy.methods"))
-        for module, imports in graph.items()
-        if module.startswith("trl_entropy.core")
-    }
-    assert {module: imports for module, imports in offenders.items() if imports} == {}
 
 
 def test_no_class_swaps_itself_and_no_module_answers_for_missing_names():

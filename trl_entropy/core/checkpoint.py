@@ -48,11 +48,6 @@ TRAINER_STATE = "trainer_state.json"
 LAYOUT_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
-def checkpoint_folder(output_dir: str, global_step: int) -> str:
-    """The folder ``transformers.Trainer`` saves the checkpoint of ``global_step`` into."""
-    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
-
-
 def rank_file(folder: str, pattern: str, process_index: int) -> str:
     return os.path.join(folder, pattern.format(process_index=process_index))
 

@@ -22,7 +22,13 @@ import torch
 from accelerate.utils import is_peft_model
 
 from .batch import OLD_ENTROPY_KEY, CompletionBatch
-from .checkpoint import last_complete_checkpoint, tied_weights_not_reported_missing
+from .checkpoint import (
+    end_checkpoint,
+    last_complete_checkpoint,
+    restore_entropy_control,
+    save_entropy_control,
+    tied_weights_not_reported_missing,
+)
 from .citation import sign_combined_model_card
 from .config import EntropyGRPOBaseConfig
 from .control import Controller, ControllerCycle, EntropyControlState
@@ -139,6 +145,19 @@ class EntropyGRPOTrainer(TRLBridge):
             return answer
 
         return fold(PLACES[place].rule, [asker(part) for part in self.parts], start, apply)
+
+    def before_checkpoint_save(self, folder: str) -> None:
+        """The controllers' state, the cycle's progress and each part's per-rank state go into the checkpoint; the
+        folder is marked as being written (``core/checkpoint.py``)."""
+        save_entropy_control(self, folder)
+
+    def after_checkpoint_save(self, folder: str) -> None:
+        """The folder marked complete, once every rank has written its part."""
+        end_checkpoint(self, folder)
+
+    def after_checkpoint_load(self, checkpoint: str) -> None:
+        """The entropy-control state of ``checkpoint`` taken over (``core/checkpoint.py``)."""
+        restore_entropy_control(self, checkpoint)
 
     def rank_checkpoint_state(self) -> dict[str, object]:
         """This rank's extra checkpoint state: every part's."""

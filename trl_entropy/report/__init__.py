@@ -11,7 +11,7 @@ folder), or into ``--output``::
 
 The parts: reading the logs (:mod:`.runlog`), drawing (:mod:`.drawing`), the tables of ``report.md``
 (:mod:`.markdown`); the law's fit is :func:`trl_entropy.evaluation.entropy_law_fit`, the command line
-:mod:`trl_entropy.scripts.report`.
+:mod:`trl_entropy.report.command`.
 
 The entropy-collapse demo (``trl-entropy demo``) writes a ``trainer_state.json`` per run
 (``<output_dir>/seed<N>/<run>/phase<1|2>``) with the held-out pass@k as ``eval/pass@k`` at the last step. Its
@@ -38,12 +38,11 @@ Several runs are overlaid, one colour a run, each named by its folder. Drawing n
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .drawing import draw_report
 from .markdown import report_markdown
+from .result import Report
 from .runlog import (
     ENTROPY,
     REWARD,
@@ -58,10 +57,6 @@ from .runlog import (
     read_run,
     run_names,
 )
-
-
-if TYPE_CHECKING:  # the law (and the transformers import behind it) loads only once matplotlib is known to be there
-    from trl_entropy.evaluation.entropy_law import EntropyLawFit
 
 
 __all__ = [
@@ -82,21 +77,6 @@ __all__ = [
 
 PLOT_EXTRA = "plot"
 INSTALL_PLOT = f'pip install -e ".[{PLOT_EXTRA}]"'
-
-
-@dataclass
-class Report:
-    """What :func:`write_report` drew and wrote: the panels' titles in order, one line per panel left out (and per
-    law not fitted) and why, each run's law fit, one line per demo folder read as its runs
-    (:func:`expand_demo_folders`), and the two files."""
-
-    runs: list[RunLog]
-    panels: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-    laws: dict[str, EntropyLawFit] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    png: Path | None = None
-    markdown: Path | None = None
 
 
 def missing_matplotlib(drawer: str = "the report draws") -> str | None:

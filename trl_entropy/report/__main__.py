@@ -2,7 +2,7 @@
 
 import sys
 
-from trl_entropy.scripts.report import main
+from .command import main
 
 
 sys.exit(main())

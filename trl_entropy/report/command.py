@@ -1,9 +1,9 @@
-"""``trl-entropy report RUN_DIR [RUN_DIR ...]``: the command line of :func:`trl_entropy.report.write_report`
-(docs/report.md)."""
+"""``trl-entropy report RUN_DIR [RUN_DIR ...]`` and ``python -m trl_entropy.report``: the command line of
+:func:`trl_entropy.report.write_report` (docs/report.md)."""
 
 import argparse
 
-from trl_entropy.report import INSTALL_PLOT, RunLogError, missing_matplotlib, write_report
+from . import INSTALL_PLOT, RunLogError, missing_matplotlib, write_report
 
 
 def build_parser(prog: str = "trl-entropy report") -> argparse.ArgumentParser:

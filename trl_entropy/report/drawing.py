@@ -12,7 +12,7 @@ from .runlog import ENTROPY, REWARD, controller_panels, entropy_targets, moving_
 
 
 if TYPE_CHECKING:
-    from . import Report
+    from .result import Report
 
 
 def _colours(count: int) -> list:

@@ -10,7 +10,7 @@ from .runlog import ENTROPY, LOGGED_LAW, REWARD, controller_panels, is_number, s
 
 
 if TYPE_CHECKING:
-    from . import Report
+    from .result import Report
 
 
 def format_number(value) -> str:

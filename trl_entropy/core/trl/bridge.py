@@ -10,7 +10,9 @@ library what it needs under its own names. Every private name used here is liste
 * ``_calculate_rewards``                 → ``on_rewards(rewards_per_func)``, every rank's rewards;
 * ``_generate_and_score_completions``    → ``finish_generation_batch(output, rows)``, with the rollout policy's
   entropy kept for a trainer whose method reads it (``needs_rollout_entropy``);
-* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` → ``core/checkpoint.py``;
+* ``_save_checkpoint``                  → ``before_checkpoint_save(folder)`` and ``after_checkpoint_save(folder)``
+  around Trainer's save;
+* ``_load_optimizer_and_scheduler``     → ``after_checkpoint_load(checkpoint)``;
 * ``_load_from_checkpoint``             → also ``core/weights.py`` (a VLM's renamed weights).
 
 Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:`TRLBridge.micro_step` and
@@ -21,12 +23,14 @@ Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:
 and :func:`grpo_citation`.
 """
 
+import os
+
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
 from ..batch import OLD_ENTROPY_KEY
-from ..checkpoint import checkpoint_folder, end_checkpoint, restore_entropy_control, save_entropy_control
 from ..multimodal import check_known_inputs
 from ..statistics import masked_mean, replace_tail
 from ..weights import load_renamed_weights
@@ -184,6 +188,16 @@ class TRLBridge(GRPOTrainer):
     def after_loss_step(self, step) -> None:
         """Sees what ``loss_step`` returned, after it."""
 
+    def before_checkpoint_save(self, folder: str) -> None:
+        """On every rank, before Trainer saves the checkpoint into ``folder`` (and pushes it to the Hub): what Trainer
+        does not save goes in here."""
+
+    def after_checkpoint_save(self, folder: str) -> None:
+        """On every rank, once Trainer has saved ``folder``."""
+
+    def after_checkpoint_load(self, checkpoint: str) -> None:
+        """On every rank, once Trainer has restored its own state from ``checkpoint``."""
+
     def score_tokens(self, model, input_ids, attention_mask, logits_to_keep, **options):
         """Per-token log-probs, entropies, clamped entropies and the MoE router loss, a ``ScoredCompletions``
         (``options``: ``batch_size``, ``clamp_fraction``, ``aux_loss``, ``multimodal``, a VLM's image inputs)."""
@@ -254,12 +268,11 @@ class TRLBridge(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
-        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub; the
-        # folder is marked complete only after everything is written.
-        folder = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
-        save_entropy_control(self, folder)
+        # Our files go into the checkpoint folder before Trainer's own save, which pushes the folder to the Hub.
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.before_checkpoint_save(folder)
         super()._save_checkpoint(model, trial)
-        end_checkpoint(self, folder)
+        self.after_checkpoint_save(folder)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -269,7 +282,7 @@ class TRLBridge(GRPOTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            restore_entropy_control(self, checkpoint)
+            self.after_checkpoint_load(checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
