@@ -7,27 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from trl_entropy.methods import GRPO, SPECS
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
-METHOD_PAGES = [
-    "aent",
-    "adapo",
-    "ce_gppo",
-    "clip_cov",
-    "ent_adv",
-    "entrocraft",
-    "entropic",
-    "erc",
-    "kl_cov",
-    "qae",
-    "repo",
-    "siren",
-    "steer",
-]
+# Every method's page (docs/<key>.md, one per registered method but the base) by the registry: a method added later is
+# held to the budget without naming it here.
+METHOD_PAGES = [f"{spec.key}.md" for spec in SPECS if spec is not GRPO]
 BUDGETS = {
-    **{f"{name}.md": 1500 for name in METHOD_PAGES},
+    **{name: 1500 for name in METHOD_PAGES},
     **{f"{name}.md": 1500 for name in ["getting_started", "composing", "distributed", "real_model"]},
     "demo.md": 2500,
     "kernel.md": 2500,
@@ -39,12 +29,9 @@ def words(path: Path) -> int:
     return len(path.read_text().split())
 
 
-def test_every_method_has_a_budgeted_page():
-    """A method page that moved or was renamed would otherwise leave its budget unchecked."""
-    from trl_entropy.methods import SPECS
-
-    pages = {f"{spec.key}.md" for spec in SPECS if (DOCS / f"{spec.key}.md").is_file()}
-    assert pages <= set(BUDGETS), f"pages without a budget: {sorted(pages - set(BUDGETS))}"
+def test_every_budgeted_page_exists():
+    """A page that moved or was renamed would otherwise leave its budget unchecked."""
+    assert len(METHOD_PAGES) >= 13
     for name in BUDGETS:
         assert (DOCS / name).is_file(), f"docs/{name} has a budget but no longer exists: update this test"
 
