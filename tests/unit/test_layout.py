@@ -55,9 +55,14 @@ def trl_private_names() -> frozenset[str]:
     return frozenset(name for name in names if name.startswith("_") and not name.endswith("__"))
 
 
+# The model card's names, which TRL's trainers declare as class attributes and a trainer class of ours declares too.
+MODEL_CARD_NAMES = frozenset({"_name", "_paper", "_tag_names"})
+
+
 def trl_private_uses(module: ast.Module) -> dict[str, list[int]]:
     """Private names of TRL's or Trainer's that ``module`` touches, with the lines: attribute accesses ``x._name``
-    (reads, writes, calls), and methods or class attributes a class defines under such a name (overrides)."""
+    (reads, writes, calls), and methods or class attributes a class defines under such a name (overrides), but the
+    model card's names declared in a class's body, as TRL's own trainers declare them."""
     private = trl_private_names()
     uses: dict[str, list[int]] = {}
     for node in ast.walk(module):
@@ -70,7 +75,8 @@ def trl_private_uses(module: ast.Module) -> dict[str, list[int]]:
                     found.append((item.name, item.lineno))
                 elif isinstance(item, (ast.Assign, ast.AnnAssign)):
                     targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                    found += [(target.id, item.lineno) for target in targets if isinstance(target, ast.Name)]
+                    names = [target.id for target in targets if isinstance(target, ast.Name)]
+                    found += [(name, item.lineno) for name in names if name not in MODEL_CARD_NAMES]
         for name, line in found:
             if name in private:
                 uses.setdefault(name, []).append(line)
@@ -82,12 +88,13 @@ def test_trl_private_uses_are_found():
     planted = ast.parse(
         "class T:\n"
         "    _tag_names = []\n"
+        "    _logs = []\n"
         "    def _compute_loss(self, model, inputs):\n"
         "        self._gathered_rewards = self._metrics\n"
         "        trainer._step = 0\n"
         "        return trainer._tokenize_prompts(x)\n"
     )
-    assert set(trl_private_uses(planted)) == {"_tag_names", "_compute_loss", "_metrics", "_step", "_tokenize_prompts"}
+    assert set(trl_private_uses(planted)) == {"_logs", "_compute_loss", "_metrics", "_step", "_tokenize_prompts"}
     assert {"_metrics", "_step", "_buffered_inputs", "_logs", "_get_output_dir", "_paper"} <= trl_private_names()
 
 
@@ -230,3 +237,44 @@ def test_the_adding_a_method_example_follows_the_rules():
     sections = [s for s in (section(node) for node in nodes) if s is not None]
     assert sections == [0, 1, 2, 3, 4]
     assert trl_private_uses(ast.Module(body=nodes, type_ignores=[])) == {}
+
+
+@pytest.mark.parametrize("spec", [spec for spec in SPECS if spec.paper is not None], ids=lambda s: s.key)
+def test_each_methods_trainer_declares_its_model_card_in_its_own_body(spec):
+    """As TRL's trainers do: ``_name``, ``_paper`` and ``_tag_names`` are the class's own attributes, the paper's
+    BibTeX cited before GRPO's, and the method's tag after the base's."""
+    own = vars(spec.trainer_class)
+    assert {"paper", "_name", "_paper", "_tag_names"} <= set(own)
+    assert own["_paper"]["id"] == spec.paper.arxiv_id and own["_paper"]["title"] == spec.paper.title
+    assert own["_paper"]["citation"].startswith(spec.paper.bibtex) and "DeepSeekMath" in own["_paper"]["citation"]
+    assert own["_tag_names"] == [*EntropyGRPOTrainer._tag_names, spec.tag]
+
+
+def module_level_writes(module: ast.Module) -> list[int]:
+    """The lines of ``module``'s own statements (not inside a function or a class) that set an attribute of an
+    object: ``obj.name = …`` or ``setattr(…)``."""
+    found = []
+    for statement in module.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(statement):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if any(isinstance(target, ast.Attribute) for target in targets):
+                found.append(node.lineno)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                found.append(node.lineno)
+    return found
+
+
+def test_nothing_is_written_onto_a_class_at_import():
+    """A class's facts are in its body: no module sets attributes on its classes (or anything else) as it loads."""
+    assert module_level_writes(ast.parse("class A:\n    x = 1\nA.x = 2\nfor c in [A]:\n    setattr(c, 'y', 3)\n")) == [
+        3,
+        5,
+    ]
+    offenders = {
+        path.relative_to(ROOT).as_posix(): lines
+        for path in PACKAGE_FILES
+        if (lines := module_level_writes(tree(path)))
+    }
+    assert offenders == {}

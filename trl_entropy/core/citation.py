@@ -38,11 +38,6 @@ def method_paper(paper: Paper) -> dict[str, str]:
     }
 
 
-def sign_model_card(trainer_class: type, name: str, paper: Paper, tag: str) -> None:
-    """Make ``trainer_class``'s model card say "trained with ``name``", cite ``paper`` and carry the tag ``tag``."""
-    set_model_card(trainer_class, name, method_paper(paper), tag)
-
-
 def sign_combined_model_card(trainer, methods: list[tuple[str, Paper, str]]) -> None:
     """Make ``trainer``'s model card (a trainer's, or its class's) say "trained with" every method of ``methods``
     (``(name, paper, tag)``), each with its arXiv id, cite every paper and GRPO's, and carry every tag."""

@@ -76,6 +76,9 @@ class EntropyGRPOTrainer(TRLBridge):
     `entropy_control` names), a method's own config, or a plain `GRPOConfig` (converted: no method)."""
 
     config_class: ClassVar[type] = EntropyGRPOBaseConfig
+    # A method's trainer names its paper (``core.citation.Paper``) and, from it, its model card's ``_name``, ``_paper``
+    # and ``_tag_names``, as TRL's trainers do; the base is GRPO's.
+    paper: ClassVar = None
 
     def __init__(self, model, reward_funcs=None, args=None, *positional, **keyword):
         args = self.config_class.coerce(args, type(self).__name__, model)

@@ -6,7 +6,6 @@ the method's config as its default), and last its declaration, a `MethodSpec` (`
 is built from the declarations, one import line per method; docs/adding_a_method.md says how to add one.
 """
 
-from ..core.citation import sign_model_card
 from ..core.config import EntropyGRPOBaseConfig
 from ..core.places import PLACES
 from ..core.trainer import EntropyGRPOTrainer
@@ -96,10 +95,6 @@ METHODS: dict[str, MethodSpec] = {name: entry for spec in SPECS for name, entry 
 FIELD_OWNERS: dict[str, list[str]] = owners_of_fields(METHODS)
 # Every method's fields; `entropy_control` names the methods it trains.
 EntropyGRPOConfig: type = methods_config_class(METHODS)
-
-for _spec in SPECS:
-    if _spec.paper is not None:
-        sign_model_card(_spec.trainer_class, _spec.name, _spec.paper, _spec.tag)
 
 
 def get_method(name: str) -> MethodSpec:

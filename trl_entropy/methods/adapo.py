@@ -14,7 +14,7 @@ gradient_accumulation_steps``); on-policy its config warns.
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import (
     ENTROPY_TARGET,
     EntropyGRPOBaseConfig,
@@ -176,6 +176,17 @@ class ADAPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = ADAPOConfig
+    paper = Paper(
+        "petrenko2026repo",
+        "Entropy-Preserving Reinforcement Learning",
+        "2603.11682",
+        2026,
+        "Petrenko and others",
+        note="ICLR 2026",
+    )
+    _name = "ADAPO"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "adapo"]
 
 
 SPEC = MethodSpec(
@@ -195,15 +206,5 @@ SPEC = MethodSpec(
         summary="DAPO with an adaptive upper clip `epsilon_high`",
         choose_when="DAPO with its upper clip steered by the entropy",
     ),
-    name="ADAPO",
-    paper=Paper(
-        "petrenko2026repo",
-        "Entropy-Preserving Reinforcement Learning",
-        "2603.11682",
-        2026,
-        "Petrenko and others",
-        note="ICLR 2026",
-    ),
-    tag="adapo",
     exports=(ADAPOController,),
 )

@@ -20,7 +20,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.bounds import ScheduledBounds
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
@@ -221,6 +221,10 @@ class AEntTrainer(EntropyGRPOTrainer):
     arguments as `trl.GRPOTrainer`; `args` must be an [`AEntConfig`]."""
 
     config_class = AEntConfig
+    paper = Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, note="ICLR 2026")
+    _name = "AEnt"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
 
 
 SPEC = MethodSpec(
@@ -236,9 +240,6 @@ SPEC = MethodSpec(
     ),
     neutral=Neutral(ours={"aent_coef_init": 0.0, "aent_adaptive": False}),
     docs=MethodDocs("an adaptive bonus on the top (1 − p) of the vocabulary's entropy", "the entropy held in a band"),
-    name="AEnt",
-    paper=Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, note="ICLR 2026"),
-    tag="aent",
     exports=(AEntController,),
     # The toy sweep: the controller's step and box; the band stays [0.4, 0.5], around the toy policy's start 0.58 nats.
     sweep=Sweep(

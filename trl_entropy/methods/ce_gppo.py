@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -187,6 +187,19 @@ class CEGPPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = CEGPPOConfig
+    paper = Paper(
+        "su2025cegppo",
+        "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning",
+        "2509.20712",
+        2025,
+        "Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and "
+        "Guorui Zhou",
+        note='listed earlier as "CE-GPPO: Controlling Entropy via Gradient-Preserving Clipping Policy Optimization in '
+        'Reinforcement Learning"',
+    )
+    _name = "CE-GPPO"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "ce-gppo"]
 
 
 SPEC = MethodSpec(
@@ -217,18 +230,6 @@ SPEC = MethodSpec(
         "apart below and above the clip",
         sources="formula from the paper (eq. 8), defaults and the dual clip from the authors' code",
     ),
-    name="CE-GPPO",
-    paper=Paper(
-        "su2025cegppo",
-        "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning",
-        "2509.20712",
-        2025,
-        "Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and "
-        "Guorui Zhou",
-        note='listed earlier as "CE-GPPO: Controlling Entropy via Gradient-Preserving Clipping Policy Optimization in '
-        'Reinforcement Learning"',
-    ),
-    tag="ce-gppo",
     # The toy sweep: beta1 (the gradient kept by the tokens clipped below) around the authors' 0.25 / 0.5 / 0.75;
     # beta2 1.
     sweep=Sweep(

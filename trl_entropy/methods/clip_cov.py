@@ -17,6 +17,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
+from ..core.citation import method_paper
 from ..core.config import TOKEN_FRACTION, Range, config_field
 from ..core.parts import Metrics, TokenGate, TokenMean
 from ..core.statistics import token_covariance
@@ -200,6 +201,10 @@ class ClipCovTrainer(EntropyGRPOTrainer):
     the policy loss (how they are drawn: :class:`ClipCovPart`)."""
 
     config_class = ClipCovConfig
+    paper = COV_PAPER
+    _name = "Clip-Cov"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "clip-cov"]
 
 
 SPEC = MethodSpec(
@@ -222,9 +227,6 @@ SPEC = MethodSpec(
         summary="detaches a few tokens with high log-prob/advantage covariance",
         choose_when="a fixed-cost fix that touches only the few tokens driving the collapse, PPO's clip kept",
     ),
-    name="Clip-Cov",
-    paper=COV_PAPER,
-    tag="clip-cov",
     # The toy sweep: the ratio over 0.01–0.5 and the lower bound of the covariance window.
     sweep=Sweep({"clip_cov_ratio": [0.01, 0.02, 0.05, 0.1, 0.2, 0.5], "clip_cov_lb": [0.05, 0.2, 1.0]}),
 )

@@ -100,9 +100,6 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], config_clas
         normalises_per_micro_batch=any(entry.normalises_per_micro_batch for entry in entries),
         needs_ppo_clip=any(entry.needs_ppo_clip for entry in entries),
         replaces_ppo_clip=any(entry.replaces_ppo_clip for entry in entries),
-        name=" + ".join(entry.name or entry.key for entry in entries),
-        paper=None,
-        tag=None,
         exports=(),
         sweep=None,  # a combination sweeps its methods' grids (examples/toy_sweep.py)
     )

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -112,6 +112,18 @@ class EntropyAdvantageTrainer(EntropyGRPOTrainer):
     """
 
     config_class = EntropyAdvantageConfig
+    paper = Paper(
+        "cheng2025reasoning",
+        "Reasoning with Exploration: An Entropy Perspective",
+        "2506.14758",
+        2025,
+        "Daixuan Cheng and Shaohan Huang and Xuekai Zhu and Bo Dai and Wayne Xin Zhao and Zhenliang Zhang and "
+        "Furu Wei",
+        note='AAAI 2026; v3: "Reasoning with Exploration: An Entropy Perspective on Reinforcement Learning for LLMs"',
+    )
+    _name = "Entropy-based advantage shaping"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "ent-adv"]
 
 
 SPEC = MethodSpec(
@@ -135,15 +147,4 @@ SPEC = MethodSpec(
         choose_when="no controller, more exploration on-policy: high-entropy tokens reinforced more, penalised less",
         sources="no public code, the formula and defaults from the paper",
     ),
-    name="Entropy-based advantage shaping",
-    paper=Paper(
-        "cheng2025reasoning",
-        "Reasoning with Exploration: An Entropy Perspective",
-        "2506.14758",
-        2025,
-        "Daixuan Cheng and Shaohan Huang and Xuekai Zhu and Bo Dai and Wayne Xin Zhao and Zhenliang Zhang and "
-        "Furu Wei",
-        note='AAAI 2026; v3: "Reasoning with Exploration: An Entropy Perspective on Reinforcement Learning for LLMs"',
-    ),
-    tag="ent-adv",
 )

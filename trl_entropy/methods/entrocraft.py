@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.control import Controller, LastCycleMean
 from ..core.parts import MethodPart, warn_beside_entropy_drivers
@@ -192,6 +192,16 @@ class EntrocraftTrainer(EntropyGRPOTrainer):
     (arXiv:2604.26326). Takes the same arguments as `trl.GRPOTrainer`; `args` must be an [`EntrocraftConfig`]."""
 
     config_class = EntrocraftConfig
+    paper = Paper(
+        "li2026entrocraft",
+        "Addressing Performance Saturation for LLM RL via Precise Entropy Curve Control",
+        "2604.26326",
+        2026,
+        "Li and others",
+    )
+    _name = "Entrocraft"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "entrocraft"]
 
 
 SPEC = MethodSpec(
@@ -230,14 +240,5 @@ SPEC = MethodSpec(
     short_run_settings=dict(zip(BAND, (0.2, 0.0, 10.0, 0.0), strict=True)),
     # A band that holds every entropy: every cycle keeps GRPO's advantages.
     neutral=Neutral(ours=dict(entrocraft_shape="fixed", entrocraft_lower_start=0.0, entrocraft_upper_start=1e9)),
-    name="Entrocraft",
-    paper=Paper(
-        "li2026entrocraft",
-        "Addressing Performance Saturation for LLM RL via Precise Entropy Curve Control",
-        "2604.26326",
-        2026,
-        "Li and others",
-    ),
-    tag="entrocraft",
     sweep=Sweep(TOY_BANDS),
 )

@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
@@ -200,6 +200,18 @@ class EntroPICTrainer(EntropyGRPOTrainer):
     same arguments as `trl.GRPOTrainer`; `args` must be an [`EntroPICConfig`]. Every `loss_type` works."""
 
     config_class = EntroPICConfig
+    paper = Paper(
+        "yang2025entropic",
+        "EntroPIC: Towards Stable Long-Term Training of LLMs via Entropy Stabilization with Proportional-Integral "
+        "Control",
+        "2511.15248",
+        2025,
+        "Kai Yang and Xin Xu and Yangkun Chen and Weijie Liu and Jiafei Lyu and Zichuan Lin and Deheng Ye and "
+        "Saiyong Yang",
+    )
+    _name = "EntroPIC"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "entropic"]
 
 
 SPEC = MethodSpec(
@@ -227,17 +239,6 @@ SPEC = MethodSpec(
         "on-policy too",
         sources="the method section could not be read, the formulas and defaults from the authors' code",
     ),
-    name="EntroPIC",
-    paper=Paper(
-        "yang2025entropic",
-        "EntroPIC: Towards Stable Long-Term Training of LLMs via Entropy Stabilization with Proportional-Integral "
-        "Control",
-        "2511.15248",
-        2025,
-        "Kai Yang and Xin Xu and Yangkun Chen and Weijie Liu and Jiafei Lyu and Zichuan Lin and Deheng Ye and "
-        "Saiyong Yang",
-    ),
-    tag="entropic",
     exports=(EntroPICController,),
     # The toy sweep: the target below the toy policy's start (0.58 nats) and the proportional gain (the authors' 1 and
     # a smaller one); the integral gain 0.01 and the probability threshold 0.95 are the authors'.

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -137,6 +137,17 @@ class ERCTrainer(EntropyGRPOTrainer):
     """
 
     config_class = ERCConfig
+    paper = Paper(
+        "su2025erc",
+        "Entropy Ratio Clipping as a Soft Global Constraint for Stable Reinforcement Learning",
+        "2512.05591",
+        2025,
+        "Zhenpeng Su and Leiyu Pan and Minxuan Lv and Tiehua Mei and Zijia Lin and Yuntao Li and Wenping Hu and "
+        "Ruiming Tang and Kun Gai and Guorui Zhou",
+    )
+    _name = "ERC"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "erc"]
 
 
 SPEC = MethodSpec(
@@ -161,16 +172,6 @@ SPEC = MethodSpec(
         sources="the method section could not be read, the formula and defaults from the authors' code "
         "(`Kwai-Klear/ERC` at `f1885c5`)",
     ),
-    name="ERC",
-    paper=Paper(
-        "su2025erc",
-        "Entropy Ratio Clipping as a Soft Global Constraint for Stable Reinforcement Learning",
-        "2512.05591",
-        2025,
-        "Zhenpeng Su and Leiyu Pan and Minxuan Lv and Tiehua Mei and Zijia Lin and Yuntao Li and Wenping Hu and "
-        "Ruiming Tang and Kun Gai and Guorui Zhou",
-    ),
-    tag="erc",
     # The toy sweep: the entropy-ratio band, symmetric bands from a tighter one than the authors' scripts' 0.95 / 1.05
     # to their config default 0.8 / 1.2 (a band's two ends go in pairs: these points only).
     sweep=Sweep(

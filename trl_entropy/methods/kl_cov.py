@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
+from ..core.citation import method_paper
 from ..core.config import TOKEN_FRACTION, Range, config_field, warn_if_on_policy
 from ..core.parts import Metrics, TokenMean
 from ..core.statistics import token_covariance
@@ -134,6 +135,10 @@ class KLCovTrainer(EntropyGRPOTrainer):
     tokens."""
 
     config_class = KLCovConfig
+    paper = COV_PAPER
+    _name = "KL-Cov"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "kl-cov"]
 
 
 SPEC = MethodSpec(
@@ -160,9 +165,6 @@ SPEC = MethodSpec(
         choose_when="a fixed-cost fix that touches only the few tokens driving the collapse, a smooth penalty in "
         "place of PPO's clip",
     ),
-    name="KL-Cov",
-    paper=COV_PAPER,
-    tag="kl-cov",
     # The toy sweep: the fraction of the tokens penalised, and the penalty's coefficient (its default 1, and ten).
     sweep=Sweep({"kl_cov_ratio": [0.02, 0.1, 0.3], "kl_cov_coef": [1.0, 10.0]}),
 )

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
@@ -118,6 +118,17 @@ class QAETrainer(EntropyGRPOTrainer):
     """
 
     config_class = QAEConfig
+    paper = Paper(
+        "wu2025qae",
+        "Quantile Advantage Estimation for Entropy-Safe Reasoning",
+        "2509.22611",
+        2025,
+        "Junkang Wu and Kexin Huang and Jiancan Wu and An Zhang and Xiang Wang and Xiangnan He",
+        note='v2: "Quantile Advantage Estimation: Stabilizing RLVR for LLM Reasoning"',
+    )
+    _name = "QAE"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "qae"]
 
 
 SPEC = MethodSpec(
@@ -152,14 +163,4 @@ SPEC = MethodSpec(
         summary="the group baseline: the K-quantile of the rewards instead of their mean",
         choose_when="no controller, only another baseline: the group's K-quantile of the rewards instead of its mean",
     ),
-    name="QAE",
-    paper=Paper(
-        "wu2025qae",
-        "Quantile Advantage Estimation for Entropy-Safe Reasoning",
-        "2509.22611",
-        2025,
-        "Junkang Wu and Kexin Huang and Jiancan Wu and An Zhang and Xiang Wang and Xiangnan He",
-        note='v2: "Quantile Advantage Estimation: Stabilizing RLVR for LLM Reasoning"',
-    ),
-    tag="qae",
 )

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import ENTROPY_TARGET, EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.parts import MethodPart, Metrics
@@ -220,6 +220,12 @@ class REPOTrainer(EntropyGRPOTrainer):
     """
 
     config_class = REPOConfig
+    paper = Paper(
+        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
+    )
+    _name = "REPO"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "repo"]
 
 
 SPEC = MethodSpec(
@@ -237,11 +243,6 @@ SPEC = MethodSpec(
     ),
     neutral=Neutral(ours={"repo_beta": 0.0}),
     docs=MethodDocs("per-token advantages with a controlled entropy term", "the entropy held at its first-step value"),
-    name="REPO",
-    paper=Paper(
-        "petrenko2026repo", "Entropy-Preserving Reinforcement Learning", "2603.11682", 2026, "Petrenko and others"
-    ),
-    tag="repo",
     exports=(REPOController,),
     # The toy sweep, REPO-R's and REPO-D's alike: the top of β's box, from its default 0.05 up.
     sweep=Sweep({"repo_beta_max": [0.05, 0.2, 0.5]}),

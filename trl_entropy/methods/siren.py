@@ -21,7 +21,7 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.bounds import ScheduledCoefficient
 from ..core.checkpoint import load_rank_file
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean, TopPRule
 from ..core.trainer import EntropyGRPOTrainer, generation_batch_mask
@@ -173,6 +173,16 @@ class SIRENTrainer(EntropyGRPOTrainer):
     (arXiv:2509.25133). Takes the same arguments as `trl.GRPOTrainer`; `args` must be a [`SIRENConfig`]."""
 
     config_class = SIRENConfig
+    paper = Paper(
+        "jiang2025siren",
+        "Rethinking Entropy Regularization in Large Reasoning Models",
+        "2509.25133",
+        2025,
+        "Jiang and others",
+    )
+    _name = "SIREN"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "siren"]
 
 
 SPEC = MethodSpec(
@@ -197,15 +207,6 @@ SPEC = MethodSpec(
         sources="the top-p and peak-entropy masks, the anchor and the defaults from the authors' code "
         "(`Linn3a/siren` at `fa59a8d`), two of its defects fixed",
     ),
-    name="SIREN",
-    paper=Paper(
-        "jiang2025siren",
-        "Rethinking Entropy Regularization in Large Reasoning Models",
-        "2509.25133",
-        2025,
-        "Jiang and others",
-    ),
-    tag="siren",
     # The toy sweep: the coefficient from ten times the authors' 0.005 up (the toy's entropy moves by tenths of a nat,
     # so the penalty's square is small).
     sweep=Sweep({"siren_coef": [0.05, 0.5, 5.0]}),

@@ -97,7 +97,8 @@ class MethodSpec:
 
     ``key`` names the method (its module, its metrics' prefix). ``description`` and ``defaults`` (config settings the
     name stands for) describe it under its own name; ``variants``, where given, are its names in the registry instead.
-    ``name``, ``paper`` and ``tag`` sign the trainer's model card (no paper: the base's own trainer, signed as GRPO).
+    ``name``, ``paper`` and ``tag`` are its trainer's (the literal ``_name``, ``paper`` and last of ``_tag_names`` its
+    model card shows; no paper: the base's own trainer, signed as GRPO).
     ``acts_on``: the places of the step its part fills (``core.places.PLACES``), its axis first. ``metrics``: what
     any of its names logs (a variant may log fewer). ``exports``: the module's public names beyond
     the config and the trainer. ``needs_all_ranks_rewards``: the method reads every rank's rewards, not only its own.
@@ -127,9 +128,6 @@ class MethodSpec:
     normalises_per_micro_batch: bool = False
     needs_ppo_clip: bool = False
     replaces_ppo_clip: bool = False
-    name: str | None = None
-    paper: Paper | None = None
-    tag: str | None = None
     exports: tuple[type, ...] = ()
     sweep: Sweep | None = None
     docs: MethodDocs = field(default_factory=MethodDocs)
@@ -159,6 +157,18 @@ class MethodSpec:
             docs=variant.docs or self.docs,
             variants={},
         )
+
+    @property
+    def paper(self) -> Paper | None:
+        return self.trainer_class.paper
+
+    @property
+    def name(self) -> str | None:
+        return None if self.paper is None else self.trainer_class._name
+
+    @property
+    def tag(self) -> str | None:
+        return None if self.paper is None else self.trainer_class._tag_names[-1]
 
     @property
     def public(self) -> dict[str, type]:

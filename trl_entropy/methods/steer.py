@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper
+from ..core.citation import Paper, method_paper
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.parts import Gathered, MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -171,6 +171,12 @@ class STEERTrainer(EntropyGRPOTrainer):
     (arXiv:2510.10150). Takes the same arguments as `trl.GRPOTrainer`; `args` must be a [`STEERConfig`]."""
 
     config_class = STEERConfig
+    paper = Paper(
+        "hao2025steer", "Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective", "2510.10150", 2025
+    )
+    _name = "STEER"
+    _paper = method_paper(paper)
+    _tag_names = ["trl", "grpo", "trl-entropy", "steer"]
 
 
 SPEC = MethodSpec(
@@ -195,11 +201,6 @@ SPEC = MethodSpec(
         "the entropy most",
         sources="the formula, both mappings and the defaults from the authors' code (`zz-haooo/STEER` at `b31df71`)",
     ),
-    name="STEER",
-    paper=Paper(
-        "hao2025steer", "Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective", "2510.10150", 2025
-    ),
-    tag="steer",
     # The toy sweep: the smallest weight from the authors' 0.8 down.
     sweep=Sweep({"steer_weight_min": [0.8, 0.5, 0.2]}),
 )
