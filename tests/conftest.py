@@ -69,6 +69,38 @@ def smollm2_path():
     return fetch_model("smollm2-135m-instruct", cache_dir=os.path.join(TOY_CACHE, "pretrained"))
 
 
+@pytest.fixture
+def toy_trainer_of(toy_model_path, toy_tokenizer, tmp_path):
+    """``toy_trainer_of(method, name=None, **keywords)``: `_support/grpo.py`'s ``build_trainer`` of ``method`` on the
+    toy model, writing into ``tmp_path`` (``tmp_path / name`` where the test builds several)."""
+    from _support.grpo import build_trainer
+
+    def build(method, name=None, **keywords):
+        output_dir = tmp_path if name is None else tmp_path / name
+        return build_trainer(method, toy_model_path, toy_tokenizer, output_dir, **keywords)
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def cached_trl_trainer(toy_model_path, toy_tokenizer, tmp_path_factory):
+    """``cached_trl_trainer(**options)``: a ``trl.GRPOTrainer`` on the toy model (`_support/grpo.py`'s
+    ``build_trainer``), built once per set of options for the whole module (building it is the slow part)."""
+    from _support.grpo import build_trainer, set_sync
+    from _support.parity import TRL
+
+    cache = {}
+
+    def cached(**options):
+        key = repr(sorted(options.items()))
+        if key not in cache:
+            cache[key] = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path_factory.mktemp("trl"), **options)
+        set_sync(cache[key], True)
+        return cache[key]
+
+    return cached
+
+
 def pytest_collection_finish(session):
     """Every test module is imported: drop the costs that say nothing of the code (`_support/process.py`)."""
     from _support.process import lighten

@@ -34,3 +34,12 @@ def completion_log_probs(model, inputs, temperature=1.0):
 def entropy_of(log_softmax):
     """The entropy of each position's distribution, from its log-softmax."""
     return -(log_softmax.exp() * log_softmax).sum(-1)
+
+
+def assert_step_is_float64(loss, gradients, expected_loss, model):
+    """One loss step (``loss``, ``gradients`` by parameter name) against ``expected_loss``, computed in float64 from
+    ``model``, whose backward pass runs here: the loss to rtol 1e-5, every parameter's gradient to rtol 1e-3."""
+    expected_loss.backward()
+    torch.testing.assert_close(loss.double(), expected_loss.detach(), rtol=1e-5, atol=1e-7)
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(gradients[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)

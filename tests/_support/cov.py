@@ -198,10 +198,6 @@ def run_training(trainer_class, config, path):
     return trainer
 
 
-def logged(trainer, key):
-    return [entry[key] for entry in trainer.state.log_history if key in entry]
-
-
 # Covariance selection over the generation batch (cov_selection_scope="generation_batch")
 # ---------------------------------------------------------------------------------------------------------------------
 

@@ -170,18 +170,6 @@ class ControllerRecorder(TrainerCallback):
 TRL_REFERENCE = "trl"
 
 
-def trainer_classes(method: str) -> tuple[type, type]:
-    """``(config_class, trainer_class)`` of a registered method, or of ``trl.GRPOTrainer`` for ``"trl"``."""
-    if method == TRL_REFERENCE:
-        from trl import GRPOConfig, GRPOTrainer
-
-        return GRPOConfig, GRPOTrainer
-    from trl_entropy.methods import get_method
-
-    spec = get_method(method)
-    return spec.config_class, spec.trainer_class
-
-
 def method_options(method: str) -> dict:
     """Config options that make the controller move visibly within a few toy steps (for methods combined, each
     method's)."""
@@ -234,9 +222,10 @@ def make_trainer(
     ``train_dataset`` the toy task's ``dataset_size`` problems, ``trainer_class`` the method's (a subclass of it that
     records something), ``config_class`` the method's (``EntropyGRPOConfig``, with ``entropy_control``).
     """
-    from _support.grpo import toy_config, toy_dataset, toy_trainer
+    from _support.grpo import method_classes, toy_config, toy_dataset, toy_trainer
+    from _support.parity import TRL
 
-    method_config_class, method_trainer_class = trainer_classes(method)
+    method_trainer_class, method_config_class = method_classes(TRL if method == TRL_REFERENCE else method)
     options = dict(
         per_device_train_batch_size=8,
         num_generations=GROUP_SIZE,

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
+from _support.grpo import loss_and_gradients, make_grpo_batch
 from _support.resume import CHECKPOINT, assert_resumed_equals_straight, saved_snapshot, train
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
@@ -44,19 +44,15 @@ def neutralised(pair):
 
 @pytest.mark.filterwarnings("ignore:.*on-policy")
 @pytest.mark.parametrize("pair", VALID, ids="+".join)
-def test_a_combination_with_one_method_neutral_equals_the_other_alone(pair, toy_model_path, toy_tokenizer, tmp_path):
+def test_a_combination_with_one_method_neutral_equals_the_other_alone(pair, toy_tokenizer, toy_trainer_of):
     kept, neutral = neutralised(pair)
     settings = dict(loss_type="dapo", epsilon_high=0.28, **METHODS[kept].defaults)
-    single = build_trainer(
-        kept, toy_model_path, toy_tokenizer, tmp_path / "alone", **(settings | NEUTRAL[neutral].trl)
-    )
+    single = toy_trainer_of(kept, "alone", **settings | NEUTRAL[neutral].trl)
     combined_entry = combination(list(pair))
     # The base trainer with entropy_control: it becomes the combination's trainer.
-    combined = build_trainer(
+    combined = toy_trainer_of(
         (EntropyGRPOTrainer, EntropyGRPOConfig),
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "combined",
+        "combined",
         entropy_control=list(pair),
         **{**settings, **METHODS[neutral].defaults, **NEUTRAL[neutral].ours},
     )

@@ -21,7 +21,7 @@ import pytest
 import torch
 from _reference import combined_reference as reference
 from _reference import float64_policy
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config
+from _support.grpo import loss_and_gradients, make_grpo_batch, toy_config
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
 from trl_entropy.core.trl.objectives import LOSS_TYPES
@@ -142,20 +142,11 @@ def test_the_table_covers_every_pair_of_the_registry():
 
 @pytest.mark.filterwarnings("ignore:.*on-policy")
 @pytest.mark.parametrize("names", VALID, ids="+".join)
-def test_one_loss_step_equals_the_float64_components_in_axis_order(
-    names, float64_model, batch, toy_model_path, toy_tokenizer, tmp_path
-):
+def test_one_loss_step_equals_the_float64_components_in_axis_order(names, float64_model, batch, toy_trainer_of):
     chosen = thresholds(float64_model, batch, names)
     options = options_of(names, chosen)
     config_class = combination(list(names)).config_class
-    trainer = build_trainer(
-        (EntropyGRPOTrainer, config_class),
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        entropy_control=list(names),
-        **options,
-    )
+    trainer = toy_trainer_of((EntropyGRPOTrainer, config_class), entropy_control=list(names), **options)
     assert type(trainer) is combination(list(names)).trainer_class
     inputs = dict(batch)
     inputs["advantages"] = reference.group_advantages(REWARDS, (), SETTINGS).squeeze(1).float()  # TRL's, made by TRL

@@ -72,6 +72,14 @@ def assert_grads(grads, ref_grads, inputs, rtol=1e-5):
         assert err <= rtol * scale, f"grad {name}: max abs error {err:.3e} > {rtol} * {scale:.3e}"
 
 
+def check_against_float64(hidden, weight, bias, targets, rtol=1e-5, grad_rtol=1e-5, **kwargs):
+    """:func:`run_both`, then the values to ``rtol`` and the gradients to ``grad_rtol``; the kernel's gradients."""
+    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, **kwargs)
+    assert_values(out, ref, rtol)
+    assert_grads(grads, ref_grads, (hidden, weight, bias), grad_rtol)
+    return grads
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Values and gradients
 # ---------------------------------------------------------------------------------------------------------------------
@@ -80,7 +88,7 @@ def assert_grads(grads, ref_grads, inputs, rtol=1e-5):
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
 def test_matches_float64_fp32(clamp_fraction, temperature, chunk_size):
     hidden, weight, bias, targets = make_inputs()
-    out, grads, ref, ref_grads = run_both(
+    check_against_float64(
         hidden,
         weight,
         bias,
@@ -90,8 +98,6 @@ def test_matches_float64_fp32(clamp_fraction, temperature, chunk_size):
         chunk_size=chunk_size,
         backend="torch",
     )
-    assert_values(out, ref)
-    assert_grads(grads, ref_grads, (hidden, weight, bias))
 
 
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
@@ -102,7 +108,7 @@ def test_softcap_and_logit_scale_match_float64(softcap, logit_scale, clamp_fract
     of 2 bends most of them (``1 - tanh^2`` spans ~0.01-1) and the scale changes every gradient: dropping either
     factor from the backward, or applying them in the wrong order, fails this test."""
     hidden, weight, bias, targets = make_inputs(seed=13)
-    out, grads, ref, ref_grads = run_both(
+    check_against_float64(
         hidden,
         weight,
         bias,
@@ -114,8 +120,6 @@ def test_softcap_and_logit_scale_match_float64(softcap, logit_scale, clamp_fract
         logit_scale=logit_scale,
         final_logit_softcapping=softcap,
     )
-    assert_values(out, ref)
-    assert_grads(grads, ref_grads, (hidden, weight, bias))
 
 
 def test_zero_logit_scale_gives_the_uniform_distribution():
@@ -133,28 +137,16 @@ def test_zero_logit_scale_gives_the_uniform_distribution():
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
 def test_without_bias(clamp_fraction):
     hidden, weight, _, targets = make_inputs(bias=False)
-    out, grads, ref, ref_grads = run_both(hidden, weight, None, targets, clamp_fraction=clamp_fraction, chunk_size=5)
-    assert_values(out, ref)
-    assert_grads(grads, ref_grads, (hidden, weight, None))
+    check_against_float64(hidden, weight, None, targets, clamp_fraction=clamp_fraction, chunk_size=5)
 
 
 @pytest.mark.parametrize("used", [s for r in (1, 2, 3) for s in itertools.combinations(OUTPUTS, r)])
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
 def test_every_subset_of_outputs_in_the_loss(used, clamp_fraction):
     hidden, weight, bias, targets = make_inputs(seed=3)
-    out, grads, ref, ref_grads = run_both(
-        hidden,
-        weight,
-        bias,
-        targets,
-        used=used,
-        seed=7,
-        temperature=1.3,
-        clamp_fraction=clamp_fraction,
-        chunk_size=6,
+    check_against_float64(
+        hidden, weight, bias, targets, used=used, seed=7, temperature=1.3, clamp_fraction=clamp_fraction, chunk_size=6
     )
-    assert_values(out, ref)
-    assert_grads(grads, ref_grads, (hidden, weight, bias))
 
 
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3, 0.9])
@@ -163,14 +155,19 @@ def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, logit_map, monkeypatch):
     # Small vocabulary tiles for the fp32 upcast of the weight: 301 columns in tiles of 64 (the last one partial).
     monkeypatch.setattr(lpe, "UPCAST_TILE_BYTES", 64 * 4 * D)
     hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=5)
-    out, grads, ref, ref_grads = run_both(
-        hidden, weight, bias, targets, temperature=0.7, clamp_fraction=clamp_fraction, chunk_size=8, **logit_map
+    # The bf16 values are exact in float64: fp32 accumulation gives fp32-accurate outputs (rounding the logits to bf16
+    # anywhere would show up as ~1e-2 errors); the gradients come back in bf16 (one final rounding).
+    check_against_float64(
+        hidden,
+        weight,
+        bias,
+        targets,
+        grad_rtol=1e-2,
+        temperature=0.7,
+        clamp_fraction=clamp_fraction,
+        chunk_size=8,
+        **logit_map,
     )
-    # The bf16 values are exact in float64: fp32 accumulation gives fp32-accurate outputs. Rounding the logits to
-    # bf16 anywhere would show up here as ~1e-2 errors.
-    assert_values(out, ref, rtol=1e-5)
-    # Gradients come back in bf16 (one final rounding).
-    assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=1e-2)
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
@@ -180,13 +177,11 @@ def test_fp32_output_matmul_path_for_half_weights(logit_map, with_bias):
     gradient step writes the GEMMs' bf16 operand itself; with one, the bias gradient sums the fp32 gradient first."""
     hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=12, bias=with_bias)
     with emulate_fp32_output_gemm() as calls:
-        out, grads, ref, ref_grads = run_both(
-            hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=8, **logit_map
+        # the logits gradient is rounded to bf16 for the gradient GEMMs (fp32 accumulation), then bf16 outputs
+        check_against_float64(
+            hidden, weight, bias, targets, grad_rtol=2e-2, clamp_fraction=0.3, chunk_size=8, **logit_map
         )
     assert calls, "the fp32-output matmul path was not taken"
-    assert_values(out, ref, rtol=1e-5)
-    # the logits gradient is rounded to bf16 for the gradient GEMMs (fp32 accumulation), then bf16 outputs
-    assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=2e-2)
 
 
 def test_fp32_output_matmul_path_allocates_no_temporary_per_chunk():
@@ -213,10 +208,8 @@ def test_fp32_output_matmul_path_allocates_no_temporary_per_chunk():
 def test_mixed_dtypes_fp32_hidden_bf16_weight():
     hidden, weight, bias, targets = make_inputs(seed=6)
     weight = weight.bfloat16()
-    out, grads, ref, ref_grads = run_both(hidden, weight, bias, targets, clamp_fraction=0.3, chunk_size=4)
-    assert_values(out, ref)
+    grads = check_against_float64(hidden, weight, bias, targets, grad_rtol=1e-2, clamp_fraction=0.3, chunk_size=4)
     assert grads[0].dtype == torch.float32 and grads[1].dtype == torch.bfloat16
-    assert_grads(grads, ref_grads, (hidden, weight, bias), rtol=1e-2)
 
 
 def test_only_some_inputs_require_grad():
@@ -648,11 +641,7 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, mo
     monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 256)
     shapes = logit_shapes
     hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
-    out, grads, ref, ref_grads = run_both(
-        hidden, weight, bias, targets, used=used, chunk_size=7, backend="torch", **kwargs
-    )
-    assert_values(out, ref)
-    assert_grads(grads, ref_grads, (hidden, weight, bias))
+    check_against_float64(hidden, weight, bias, targets, used=used, chunk_size=7, backend="torch", **kwargs)
     backward = shapes[math.ceil(50 / 7) :]
     assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward
 

@@ -3,12 +3,14 @@ trl.GRPOTrainer's DAPO loss. Checkpoints: tests/trainer/test_resume.py; accumula
 tests/trainer/test_accumulation.py; invalid config values: tests/trainer/test_bad_input.py."""
 
 import json
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
-    build_trainer,
     loss_and_gradients,
     make_grpo_batch,
     naive_log_probs,
@@ -103,17 +105,11 @@ def test_controller_with_a_given_target_moves_on_the_first_step():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_loss_and_gradients_equal_grpo_trainer_dapo_with_the_controller_epsilon_high(
-    toy_model_path, toy_tokenizer, tmp_path
-):
-    trl_trainer = build_trainer(
-        TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type="dapo", epsilon_high=0.28
-    )
-    ours = build_trainer(
+def test_loss_and_gradients_equal_grpo_trainer_dapo_with_the_controller_epsilon_high(toy_tokenizer, toy_trainer_of):
+    trl_trainer = toy_trainer_of(TRL, "trl", loss_type="dapo", epsilon_high=0.28)
+    ours = toy_trainer_of(
         "adapo",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
+        "ours",
         adapo_epsilon_high_step=0.05,
         adapo_entropy_target=100.0,  # above any entropy of the toy vocabulary: ε_high rises by δ each cycle
     )
@@ -148,6 +144,33 @@ def test_loss_and_gradients_equal_grpo_trainer_dapo_with_the_controller_epsilon_
 
 
 # The pair table's piece (tests/compose/test_pairs.py): the clip bound, read by the PPO clip.
+
+
+def test_the_mai_thinking_preset_loads_validates_and_moves_k_by_the_reports_rule():
+    """examples/configs/adapo_mai_thinking.yaml: the MAI-Thinking-1 report's values (as others' notes of it quote
+    them), valid for ADAPO and off-policy, and ADAPO's controller moving epsilon_high = eps / (1 - eps) + k as the
+    report moves k: k <- clip(k + delta_k * sign(H* - H), 0, k_max), with eps 0.6, delta_k 0.25, k_max 2.5, H* 0.3."""
+    preset = Path(__file__).resolve().parents[2] / "examples" / "configs" / "adapo_mai_thinking.yaml"
+    values = yaml.safe_load(preset.read_text())
+    assert values.pop("method") == "adapo"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = toy_config(ADAPOConfig, **values)
+    assert not [str(w.message) for w in caught if "ADAPO" in str(w.message)]  # off-policy: no on-policy warning
+    eps, delta_k, k_max, target = 0.6, 0.25, 2.5, 0.3
+    assert config.loss_type == "dapo" and config.delta == 50.0
+    assert (config.epsilon, config.epsilon_high) == (eps, pytest.approx(eps / (1 - eps)))
+    settings = ("epsilon_high", "adapo_epsilon_high_step", "adapo_epsilon_high_min", "adapo_epsilon_high_max")
+    controller = ADAPOController(*(getattr(config, name) for name in settings), config.adapo_entropy_target)
+    k, trace = 0.0, []
+    entropies = [0.1] * 12 + [0.3] + [0.9] * 13  # below the target to the cap, at it, above it to the floor
+    for step, entropy in enumerate(entropies, start=1):
+        gap = target - entropy
+        k = min(max(k + delta_k * ((gap > 0) - (gap < 0)), 0.0), k_max)
+        controller.update(entropy, step)
+        assert controller.value == pytest.approx(eps / (1 - eps) + k, abs=1e-12), step
+        trace.append(controller.value)
+    assert max(trace) == pytest.approx(4.0) and trace[-1] == pytest.approx(1.5) and trace[11] == trace[12]
 
 
 # At the first step ADAPO's ε_high is the config's: the reference's PPO clip is ADAPO's clip bound.

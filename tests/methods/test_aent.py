@@ -12,7 +12,7 @@ from _reference.combined_reference import weighted_mean
 from _reference.float64_policy import completion_logits, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.checkpoint_files import resume_from_saved
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, set_sync, toy_config
+from _support.grpo import loss_and_gradients, make_grpo_batch, set_sync, toy_config
 from _support.parity import TRL
 
 from trl_entropy.methods.aent import AEntConfig, AEntController, AEntTrainer, aent_coefficient_step
@@ -185,22 +185,13 @@ def reference_high_entropy_mask(entropy, mask, quantile):
     [(0.3, "grpo", 0.04, 1.0), (0.5, "dapo", 0.0, 1.0), (0.0, "bnpo", 0.0, 1.0), (0.3, "grpo", 0.0, 0.5)],
 )
 def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
-    toy_model_path, toy_tokenizer, tmp_path, monkeypatch, clamp_fraction, loss_type, beta, quantile
+    toy_model_path, toy_tokenizer, monkeypatch, clamp_fraction, loss_type, beta, quantile, toy_trainer_of
 ):
     """TRL's loss (with the same ``top_entropy_quantile``) minus λ times the float64 clamped-entropy mean over the
     tokens TRL's high-entropy filter keeps (all valid tokens when the quantile is 1)."""
     options = dict(loss_type=loss_type, beta=beta, top_entropy_quantile=quantile)
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **SAMPLING, **options)
-    ours = build_trainer(
-        "aent",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        aent_clamp_fraction=clamp_fraction,
-        **SAMPLING,
-        **STRONG,
-        **options,
-    )
+    trl_trainer = toy_trainer_of(TRL, "trl", **SAMPLING, **options)
+    ours = toy_trainer_of("aent", "ours", aent_clamp_fraction=clamp_fraction, **SAMPLING, **STRONG, **options)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=11)
     coef = ours.aent_coef
     assert coef == STRONG["aent_coef_init"]
@@ -559,7 +550,7 @@ def test_a_resumed_scheduled_run_continues_the_coefficient_and_band_sequences(
         assert got == (pytest.approx(later, rel=1e-6, abs=1e-12) if key == "aent/coef" else later), key
 
 
-def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_model_path, toy_tokenizer, tmp_path):
+def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_tokenizer, tmp_path, toy_trainer_of):
     """The quick loop's check of the resumed run's fact above, through the checkpoint's save and restore functions: at
     the end of step 1 of 4, λ = 0.015 lies in the run's widest box [0, 0.02] but not in its narrowest, [0.004, 0.004]
     (the last step's); it comes back as it was, and the next loss step (s = 1: the box [0.001, 0.016]) keeps it."""
@@ -572,10 +563,10 @@ def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_
     )
     assert coef_min < coefficient < coef_max and not narrowest[0] <= coefficient <= narrowest[1]
     options = dict(SCHEDULED_RUN, max_steps=4)
-    saved = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path / "saved", **SAMPLING, **options)
+    saved = toy_trainer_of("aent", "saved", **SAMPLING, **options)
     saved.controllers["aent"].value = coefficient
     saved.state.global_step = step
-    resumed = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path / "resumed", **SAMPLING, **options)
+    resumed = toy_trainer_of("aent", "resumed", **SAMPLING, **options)
     resume_from_saved(saved, resumed, str(tmp_path / f"checkpoint-{step}"))
     assert resumed.aent_coef == coefficient
     inputs = make_grpo_batch(resumed.model, len(toy_tokenizer), seed=3)
@@ -600,9 +591,9 @@ def test_a_changed_band_schedule_on_resume_is_named(
         scheduled_run(warm_toy_policy_path, tmp_path, str(output_dir / "checkpoint-3"), **changed)
 
 
-def test_evaluation_reads_the_steps_box_and_changes_nothing(toy_model_path, toy_tokenizer, tmp_path):
+def test_evaluation_reads_the_steps_box_and_changes_nothing(toy_tokenizer, toy_trainer_of):
     options = dict(SCHEDULED_RUN, aent_coef_init=0.01)
-    trainer = build_trainer("aent", toy_model_path, toy_tokenizer, tmp_path, **SAMPLING, **options)
+    trainer = toy_trainer_of("aent", **SAMPLING, **options)
     trainer.state.max_steps, trainer.state.global_step = 4, 2  # λ_max(2) = 0.012
     controller = trainer.controllers["aent"]
     controller.value = 0.5  # above every box of the run: what evaluation must clamp and leave as it is

@@ -20,10 +20,9 @@ from _support.grpo import (
     make_grpo_batch,
     naive_log_probs,
     on_policy_warnings,
-    set_sync,
     toy_config,
 )
-from _support.parity import TRL, assert_same_step
+from _support.parity import assert_same_step
 
 from trl_entropy.core.batch import CompletionBatch
 from trl_entropy.core.trl.objectives import PPO_CLIP_LOSS_TYPES
@@ -356,14 +355,11 @@ def branch_fractions(ratio, mask):
 
 @pytest.mark.parametrize("loss_type", PPO_CLIP_LOSS_TYPES)
 def test_loss_gradients_and_metrics_equal_a_float64_loss_written_out(
-    toy_model_path, toy_tokenizer, tmp_path, loss_type
+    toy_model_path, toy_tokenizer, loss_type, toy_trainer_of
 ):
     kl_beta = KL_BETA.get(loss_type, 0.0)
-    ours = build_trainer(
+    ours = toy_trainer_of(
         "ce_gppo",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
         loss_type=loss_type,
         epsilon=EPSILON_LOW,
         epsilon_high=EPSILON_HIGH,
@@ -387,19 +383,6 @@ def test_loss_gradients_and_metrics_equal_a_float64_loss_written_out(
     assert metrics["clip_ratio/low_mean"] == metrics["ce_gppo/low_fraction"]  # the same tokens TRL counts
 
 
-@pytest.fixture(scope="module")
-def trl_trainers():
-    return {}
-
-
-def cached_trl_trainer(cache, path, tokenizer, tmp_path, **options):
-    key = tuple(sorted(options.items()))
-    if key not in cache:
-        cache[key] = build_trainer(TRL, path, tokenizer, tmp_path / "trl", **options)
-    set_sync(cache[key], True)
-    return cache[key]
-
-
 NEUTRAL_OPTIONS = {
     "grpo": {"loss_type": "grpo", "beta": 0.04, "delta": C},
     "dapo": {"loss_type": "dapo", "epsilon_high": EPSILON_HIGH},
@@ -408,12 +391,12 @@ NEUTRAL_OPTIONS = {
 
 
 @pytest.mark.parametrize("case", NEUTRAL_OPTIONS)
-def test_on_policy_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, trl_trainers, case):
+def test_on_policy_equals_grpo_trainer(toy_tokenizer, cached_trl_trainer, case, toy_trainer_of):
     """Every ratio 1 (TRL leaves out the old log-probs): no token is clipped, CE-GPPO is GRPO's loss step."""
     options = NEUTRAL_OPTIONS[case]
-    trl = cached_trl_trainer(trl_trainers, toy_model_path, toy_tokenizer, tmp_path, **options)
+    trl = cached_trl_trainer(**options)
     with pytest.warns(UserWarning, match=ON_POLICY):  # and says so
-        ours = build_trainer("ce_gppo", toy_model_path, toy_tokenizer, tmp_path / "ours", **options)
+        ours = toy_trainer_of("ce_gppo", "ours", **options)
     inputs = make_grpo_batch(trl.model, len(toy_tokenizer), seed=20, old_noise=None)
     assert_same_step(trl, ours, inputs)
     assert ours._metrics["train"]["ce_gppo/low_fraction"] == [0.0]
@@ -430,25 +413,18 @@ def ppo_clipped_value(ratio, advantages, mask):
 
 @pytest.mark.parametrize("case", NEUTRAL_OPTIONS)
 def test_zero_betas_have_grpo_trainers_gradients_and_unit_betas_its_loss(
-    toy_model_path, toy_tokenizer, tmp_path, trl_trainers, case
+    toy_tokenizer, cached_trl_trainer, case, toy_trainer_of
 ):
     """β₁ = β₂ = 0: PPO's gradient (clipped tokens carry none), but loss 0 where PPO's is its clipped constant.
     β₁ = β₂ = 1: PPO's loss value on every token, but the clipped tokens keep the gradient (1 ± ε)·A."""
     options = {"epsilon": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, **NEUTRAL_OPTIONS[case]}
-    trl = cached_trl_trainer(trl_trainers, toy_model_path, toy_tokenizer, tmp_path, **options)
+    trl = cached_trl_trainer(**options)
     inputs = constructed_batch(trl.model, toy_tokenizer, seed=30)
     trl_loss, trl_grads = loss_and_gradients(trl, inputs)
     losses, grads = {}, {}
     for beta in (0.0, 1.0):
-        ours = build_trainer(
-            "ce_gppo",
-            toy_model_path,
-            toy_tokenizer,
-            tmp_path / f"ours_{beta}",
-            ce_gppo_beta1=beta,
-            ce_gppo_beta2=beta,
-            **options,
-            **OFF_POLICY,
+        ours = toy_trainer_of(
+            "ce_gppo", f"ours_{beta}", ce_gppo_beta1=beta, ce_gppo_beta2=beta, **options, **OFF_POLICY
         )
         losses[beta], grads[beta] = loss_and_gradients(ours, inputs)
     assert set(grads[0.0]) == set(trl_grads) == set(grads[1.0])

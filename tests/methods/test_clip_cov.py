@@ -19,7 +19,6 @@ from _support.cov import (
     clip_cov_reference,
     constructed_case,
     generation_batch,
-    logged,
     reference_candidates,
     reference_count,
     reference_pooled_covariance,
@@ -29,7 +28,8 @@ from _support.cov import (
     train_options,
     window_around,
 )
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch
+from _support.distributed_run import logged
+from _support.grpo import loss_and_gradients, make_grpo_batch
 from _support.parity import ACCUMULATION, TRL
 from transformers import AutoModelForCausalLM
 
@@ -120,7 +120,7 @@ def test_clip_cov_selection_empty_cases():
 
 
 @pytest.mark.parametrize("loss_type, beta", [("grpo", 0.0), ("bnpo", 0.04), ("dr_grpo", 0.0), ("dapo", 0.04)])
-def test_clip_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss_type, beta):
+def test_clip_cov_loss_and_gradients(toy_model_path, toy_tokenizer, toy_trainer_of, loss_type, beta):
     """Every candidate detached (n >= candidates): loss and gradients equal the float64 reference."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=LOSS_TYPES.index(loss_type))
     reference = Reference(toy_model_path, inputs)
@@ -128,12 +128,9 @@ def test_clip_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, lo
     lb, ub = window_around(eligible, len(eligible) - 5, len(eligible) - 1)  # four candidates, the top one excluded
     detached = clip_cov_reference(reference, lb, ub)
     assert len(detached) == 4
-    trainer = build_trainer(
+    trainer = toy_trainer_of(
         "clip_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
+        accumulation=ACCUMULATION,
         loss_type=loss_type,
         beta=beta,
         clip_cov_ratio=0.5,  # n = 8 of the 16 valid tokens >= 4 candidates
@@ -155,7 +152,7 @@ def test_clip_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, lo
     )
 
 
-def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_path):
+def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, toy_trainer_of):
     """n < candidates: the detached pair is one of the C(c, 2) candidate pairs, fixed by the seed."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=11)
     reference = Reference(toy_model_path, inputs)
@@ -170,12 +167,10 @@ def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_pat
     assert min(abs(a - b) for a, b in itertools.combinations(subset_losses, 2)) > 1e-5  # each pair is identifiable
 
     def chosen_pair(seed, name, check_gradients=False):
-        trainer = build_trainer(
+        trainer = toy_trainer_of(
             "clip_cov",
-            toy_model_path,
-            toy_tokenizer,
-            tmp_path / name,
-            ACCUMULATION,
+            name,
+            accumulation=ACCUMULATION,
             loss_type="bnpo",
             seed=seed,
             clip_cov_ratio=ratio,
@@ -198,19 +193,11 @@ def test_clip_cov_random_choice_is_seeded(toy_model_path, toy_tokenizer, tmp_pat
     assert any(chosen_pair(seed, f"s{seed}") != first for seed in range(1, 6))
 
 
-def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_tokenizer, tmp_path):
+def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_tokenizer, toy_trainer_of):
     """Both generators start from args.seed (+ process index 0); evaluation draws from its own."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=12)
-    trainer = build_trainer(
-        "clip_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
-        seed=3,
-        clip_cov_ratio=0.1,
-        clip_cov_lb=-1e9,
-        clip_cov_ub=1e9,
+    trainer = toy_trainer_of(
+        "clip_cov", accumulation=ACCUMULATION, seed=3, clip_cov_ratio=0.1, clip_cov_lb=-1e9, clip_cov_ub=1e9
     )
     seeded = torch.Generator().manual_seed(3).get_state()
     generators = trainer.part("clip_cov").generators
@@ -228,7 +215,9 @@ def test_clip_cov_evaluation_does_not_shift_training_draws(toy_model_path, toy_t
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("case", ["no_candidate", "equal_advantages"])
-def test_clip_cov_without_candidates_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, loss_type, case):
+def test_clip_cov_without_candidates_equals_grpo_trainer(
+    toy_model_path, toy_tokenizer, loss_type, case, toy_trainer_of
+):
     """No candidate (bounds above every covariance, or zero covariance with lb=1): exactly trl.GRPOTrainer."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=20 + LOSS_TYPES.index(loss_type))
     options = {"loss_type": loss_type, "beta": 0.04, "clip_cov_ratio": 1.0}
@@ -236,30 +225,23 @@ def test_clip_cov_without_candidates_equals_grpo_trainer(toy_model_path, toy_tok
         options.update(clip_cov_lb=1e3, clip_cov_ub=1e4)
     else:
         inputs["advantages"] = torch.full_like(inputs["advantages"], 0.7)  # defaults lb=1, ub=5
-    ours = build_trainer("clip_cov", toy_model_path, toy_tokenizer, tmp_path / "ours", ACCUMULATION, **options)
+    ours = toy_trainer_of("clip_cov", "ours", accumulation=ACCUMULATION, **options)
     trl_options = {k: v for k, v in options.items() if not k.startswith("clip_cov")}
-    trl = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", ACCUMULATION, **trl_options)
+    trl = toy_trainer_of(TRL, "trl", accumulation=ACCUMULATION, **trl_options)
     loss, gradients = loss_and_gradients(ours, inputs)
     trl_loss, trl_gradients = loss_and_gradients(trl, inputs)
     assert_same(loss, gradients, trl_loss.double(), {k: v.double() for k, v in trl_gradients.items()})
     assert ours._metrics["train"]["clip_cov/detached_fraction"] == [0.0]
 
 
-def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path, toy_tokenizer, tmp_path):
+def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path, toy_tokenizer, toy_trainer_of):
     """With every token a candidate, Clip-Cov detaches all of them under CISPO, SAPO and VESPO (none is flat), but
     only the clip-inactive ones under LUSPO's PPO clip."""
     model = AutoModelForCausalLM.from_pretrained(toy_model_path)
     inputs = make_grpo_batch(model, len(toy_tokenizer), seed=3, old_noise=0.3)
     for loss_type in ("cispo", "sapo", "vespo", "luspo"):
-        trainer = build_trainer(
-            "clip_cov",
-            toy_model_path,
-            toy_tokenizer,
-            tmp_path / loss_type,
-            loss_type=loss_type,
-            clip_cov_ratio=1.0,
-            clip_cov_lb=-1e9,
-            clip_cov_ub=1e9,
+        trainer = toy_trainer_of(
+            "clip_cov", loss_type, loss_type=loss_type, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9
         )
         loss, grads = loss_and_gradients(trainer, inputs)
         fraction = trainer._metrics["train"]["clip_cov/detached_fraction"][-1]
@@ -270,7 +252,7 @@ def test_clip_cov_detaches_any_token_of_a_surrogate_without_clip(toy_model_path,
             assert all(g.abs().max() == 0 for g in grads.values())
 
 
-def test_clip_cov_with_delta(toy_model_path, toy_tokenizer, tmp_path):
+def test_clip_cov_with_delta(toy_model_path, toy_tokenizer, toy_trainer_of):
     """TRL's delta: the surrogate caps the ratio, and delta-capped tokens are no candidates."""
     delta = 1.25
     inputs = batch(toy_model_path, toy_tokenizer, seed=1, old_noise=0.5)
@@ -285,12 +267,9 @@ def test_clip_cov_with_delta(toy_model_path, toy_tokenizer, tmp_path):
     assert capped, "no delta-capped token: the case tests nothing"
     candidates = {token for token in reference.valid if not flat(*token)}
     lb, ub = window_around([reference.cov[t] for t in reference.valid], 0, len(reference.valid))  # all in range
-    trainer = build_trainer(
+    trainer = toy_trainer_of(
         "clip_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
+        accumulation=ACCUMULATION,
         loss_type="bnpo",
         delta=delta,
         clip_cov_ratio=1.0,
@@ -360,7 +339,7 @@ def test_clip_cov_generator_state_in_checkpoints(warm_toy_policy_path, tmp_path)
 
 @pytest.mark.parametrize("on_policy", [True, False], ids=["on_policy", "off_policy"])
 def test_clip_cov_generation_batch_selection_equals_float64_reference(
-    toy_model_path, toy_tokenizer, tmp_path, on_policy
+    toy_model_path, toy_tokenizer, on_policy, toy_trainer_of
 ):
     """Candidates lb < Cov_t < ub over the whole generation batch (every ratio is 1 at the rollout, so no clip is
     active); n of them drawn by ``randperm`` from a generator seeded with the training seed and the step."""
@@ -370,14 +349,10 @@ def test_clip_cov_generation_batch_selection_equals_float64_reference(
     candidates = sorted(token for token in cov if lb < cov[token] < ub)  # row-major: the pool's order
     assert len(candidates) == 8
     options = dict(clip_cov_lb=lb, clip_cov_ub=ub, cov_selection_scope="generation_batch", seed=5)
-    trainer = build_trainer(
-        "clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, clip_cov_ratio=1.0, **options
-    )
+    trainer = toy_trainer_of("clip_cov", accumulation=ACCUMULATION, clip_cov_ratio=1.0, **options)
     selection = trainer.part("clip_cov").select_over_generation_batch(dict(inputs))
     assert selected_set(selection) == set(candidates)  # n >= candidates
-    trainer = build_trainer(
-        "clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, clip_cov_ratio=3.5 / len(cov), **options
-    )
+    trainer = toy_trainer_of("clip_cov", accumulation=ACCUMULATION, clip_cov_ratio=3.5 / len(cov), **options)
     draws = []
     for step in (0, 1, 0):
         trainer.state.global_step = step

@@ -17,15 +17,14 @@ from _support.cov import (
     clip_cov_loss_fn,
     clip_cov_reference,
     kl_cov_loss_fn,
-    logged,
     reference_clip_active,
     reference_count,
     reference_covariance,
     token_mask,
 )
 from _support.cov_scope_run import FRACTION, METHOD_OPTIONS, METHODS, load_records, train_recording, update_difference
-from _support.distributed_run import make_trainer, ranked_reward
-from _support.grpo import build_trainer, loss_and_gradients, toy_config
+from _support.distributed_run import logged, make_trainer, ranked_reward
+from _support.grpo import loss_and_gradients, toy_config
 from _support.parity import ACCUMULATION
 from _support.rounding import Bound, check, record
 
@@ -149,7 +148,7 @@ def test_config_accepts_supported_options(tmp_path):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_tokenizer, tmp_path, method):
+def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_tokenizer, method, toy_trainer_of):
     """The loss step applies the mask carried with the batch, on an off-policy micro-batch: KL-Cov penalises exactly
     the carried tokens; Clip-Cov detaches the carried tokens whose clip is not active at this step (a clip-active
     token already has no policy gradient, and its clipped loss stays)."""
@@ -159,12 +158,12 @@ def test_generation_scope_loss_uses_the_carried_selection(toy_model_path, toy_to
     common = dict(loss_type="bnpo", num_iterations=2, cov_selection_scope="generation_batch")
     if method == "clip_cov":
         clip_cov_reference(reference, -1e9, 1e9)  # no ratio within rounding of the clip boundaries
-        trainer = build_trainer("clip_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, **common)
+        trainer = toy_trainer_of("clip_cov", accumulation=ACCUMULATION, **common)
         affected = {token for token in carried if not reference.clip_active(*token)}
         assert set() != affected != carried, "the case must hold clip-active and free carried tokens"
         loss_fn, metric = clip_cov_loss_fn(affected), "clip_cov/detached_fraction"
     else:
-        trainer = build_trainer("kl_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, **common)
+        trainer = toy_trainer_of("kl_cov", accumulation=ACCUMULATION, **common)
         affected = carried
         loss_fn, metric = kl_cov_loss_fn(carried, 1.0), "kl_cov/penalised_fraction"
     with pytest.raises(KeyError, match="select_over_generation_batch"):

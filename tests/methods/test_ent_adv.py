@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from _reference.float64_policy import completion_log_probs, float64_model
+from _reference.float64_policy import assert_step_is_float64, completion_log_probs, float64_model
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     build_trainer,
@@ -227,28 +227,13 @@ def float64_shaped(model, inputs, alpha=ALPHA, kappa=KAPPA):
     return torch.tensor(values, dtype=torch.float64), advantages.abs() / kappa < alpha * entropy, margin
 
 
-@pytest.fixture(scope="module")
-def trl_trainers():
-    return {}
-
-
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
 def test_loss_gradients_and_metrics_equal_grpo_trainer_fed_the_float64_shaped_advantages(
-    toy_model_path, toy_tokenizer, tmp_path, trl_trainers, loss_type
+    toy_tokenizer, cached_trl_trainer, loss_type, toy_trainer_of
 ):
     options = {"loss_type": loss_type, **LOSS_CASES[loss_type]}
-    ours = build_trainer(
-        "ent_adv",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        ent_adv_alpha=ALPHA,
-        ent_adv_kappa=KAPPA,
-        **options,
-    )
-    if loss_type not in trl_trainers:
-        trl_trainers[loss_type] = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    trl_trainer = trl_trainers[loss_type]
+    ours = toy_trainer_of("ent_adv", "ours", ent_adv_alpha=ALPHA, ent_adv_kappa=KAPPA, **options)
+    trl_trainer = cached_trl_trainer(**options)
     inputs = real_batch(trl_trainer.model, toy_tokenizer, seed=list(LOSS_CASES).index(loss_type))
     expected, capped, margin = float64_shaped(trl_trainer.model, inputs)
     assert margin > 1e-2, "a token sits on the cap: the case is not well posed"
@@ -286,21 +271,13 @@ def test_loss_gradients_and_metrics_equal_grpo_trainer_fed_the_float64_shaped_ad
         assert abs(other_loss.item() - our_loss.item()) > 1e-4, name
 
 
-def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy_tokenizer, tmp_path):
+def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy_tokenizer, toy_trainer_of):
     """GRPO's clipped surrogate with TRL's dual clip and the k3 KL (times the ratio: TRL's default
     use_bias_correction_kl), in float64 from a float64 copy of the model, with A' in place of A in both branches of the
     min."""
     epsilon, delta, beta = 0.2, 1.25, 0.04
-    ours = build_trainer(
-        "ent_adv",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ent_adv_alpha=ALPHA,
-        ent_adv_kappa=KAPPA,
-        loss_type="grpo",
-        delta=delta,
-        beta=beta,
+    ours = toy_trainer_of(
+        "ent_adv", ent_adv_alpha=ALPHA, ent_adv_kappa=KAPPA, loss_type="grpo", delta=delta, beta=beta
     )
     inputs = real_batch(ours.model, toy_tokenizer, seed=11)
     our_loss, our_grads = loss_and_gradients(ours, inputs)
@@ -319,11 +296,8 @@ def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy
     kl = torch.exp(reference_log_ratio) - reference_log_ratio - 1
     mask = inputs["completion_mask"].double()
     loss = (((surrogate + beta * kl * ratio) * mask).sum(-1) / mask.sum(-1)).mean()
-    loss.backward()
     assert (ratio > delta).any() and ((ratio < 1 - epsilon) | (ratio > 1 + epsilon)).any(), "no clip acts"
-    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
-    for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert_step_is_float64(our_loss, our_grads, loss, reference)
 
 
 # TRL's KL term and two-sided clip, which the registry's check of every method's neutral settings against
@@ -332,9 +306,9 @@ def test_loss_and_gradients_equal_a_float64_loss_written_out(toy_model_path, toy
 @pytest.mark.parametrize(
     "options", [{"loss_type": "grpo", "beta": 0.04, "delta": 1.2}], ids=lambda options: options["loss_type"]
 )
-def test_zero_alpha_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, options):
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    ours = build_trainer("ent_adv", toy_model_path, toy_tokenizer, tmp_path / "ours", ent_adv_alpha=0.0, **options)
+def test_zero_alpha_equals_grpo_trainer(toy_tokenizer, options, toy_trainer_of):
+    trl_trainer = toy_trainer_of(TRL, "trl", **options)
+    ours = toy_trainer_of("ent_adv", "ours", ent_adv_alpha=0.0, **options)
     inputs = real_batch(trl_trainer.model, toy_tokenizer, seed=5)
     assert_same_step(trl_trainer, ours, inputs)
     assert ours._metrics["train"]["ent_adv/mean_bonus"] == [0.0]

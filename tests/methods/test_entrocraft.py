@@ -19,12 +19,11 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
-from _reference.float64_policy import float64_model
+from _reference.float64_policy import assert_step_is_float64, float64_model
 from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
     SMALL_BATCH,
-    build_trainer,
     loss_and_gradients,
     make_grpo_batch,
     naive_entropy,
@@ -202,11 +201,9 @@ def test_worked_example_through_the_trainer(branch, variant, toy_model_path, toy
     assert metrics["entrocraft/zero_advantage_fraction"] == [zeros]
 
 
-def test_the_cycle_count_follows_the_optimizer_steps_and_the_layout(toy_model_path, toy_tokenizer, tmp_path):
+def test_the_cycle_count_follows_the_optimizer_steps_and_the_layout(toy_trainer_of):
     """``k``: micro-batches done over those per cycle; ``K = ceil(S · accumulation / per cycle)``."""
-    trainer = build_trainer(
-        "entrocraft", toy_model_path, toy_tokenizer, tmp_path, accumulation=4, steps_per_generation=2
-    )
+    trainer = toy_trainer_of("entrocraft", accumulation=4, steps_per_generation=2)
     trainer.state.max_steps = 7
     for global_step, micro_step, expected in ((0, 0, 0), (0, 2, 1), (3, 12, 6), (3, 14, 7)):
         trainer.state.global_step, trainer.micro_step = global_step, micro_step
@@ -216,10 +213,10 @@ def test_the_cycle_count_follows_the_optimizer_steps_and_the_layout(toy_model_pa
     assert trainer.generation_cycle() == (6, 14)
 
 
-def test_on_policy_the_rollout_entropy_is_one_pass_without_gradient(toy_model_path, toy_tokenizer, tmp_path):
+def test_on_policy_the_rollout_entropy_is_one_pass_without_gradient(toy_model_path, toy_tokenizer, toy_trainer_of):
     """No rollout log-probs (on-policy TRL makes none): the trainer scores the generation batch once, without
     gradient; its mean is the float64 entropy of the full logits over the valid tokens."""
-    trainer = build_trainer("entrocraft", toy_model_path, toy_tokenizer, tmp_path)
+    trainer = toy_trainer_of("entrocraft")
     model = float64_model(toy_model_path)
     inputs = make_grpo_batch(model, len(toy_tokenizer), old_noise=None, ref=False)
     mask = inputs["completion_mask"].double()
@@ -334,23 +331,14 @@ BATCH_REWARDS = torch.tensor([1.0, 0.0, 0.75, 0.25])
 @pytest.mark.parametrize("side", [ABOVE, BELOW])
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
 def test_loss_and_every_gradient_equal_a_float64_loss(
-    loss_type, side, variant, toy_model_path, toy_tokenizer, tmp_path
+    loss_type, side, variant, toy_model_path, toy_tokenizer, toy_trainer_of
 ):
     """A band [0, 0] (every entropy above it) or [50, 50] (below it), through the trainer's generation tail, then
     the loss step; against the loss type's float64 loss on the advantages written out here from the rewards."""
     band = 0.0 if side == ABOVE else 50.0
     options = dict(entrocraft_shape="fixed", entrocraft_lower_start=band, entrocraft_upper_start=band)
     options |= {"entrocraft_variant": variant} | ({"entrocraft_reward_offset": 0.5} if variant == "code" else {})
-    ours = build_trainer(
-        "entrocraft",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type=loss_type,
-        num_iterations=2,
-        **LOSS_CASES[loss_type],
-        **options,
-    )
+    ours = toy_trainer_of("entrocraft", loss_type=loss_type, num_iterations=2, **LOSS_CASES[loss_type], **options)
     inputs = make_grpo_batch(ours.model, len(toy_tokenizer), seed=list(LOSS_CASES).index(loss_type))
     rewards = BATCH_REWARDS.double()
     grpo = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
@@ -368,10 +356,7 @@ def test_loss_and_every_gradient_equal_a_float64_loss(
     reference = float64_model(toy_model_path)
     log_probs, _, _ = scores(reference, inputs)
     loss = float64_loss(loss_type, ours.args, log_probs, {**inputs, "advantages": expected})
-    loss.backward()
-    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
-    for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert_step_is_float64(our_loss, our_grads, loss, reference)
 
 
 # The pair table's piece (tests/compose/test_pairs.py): each variant's rejection, and the refusal of the two together.

@@ -18,7 +18,7 @@ from _reference.combined_reference import weighted_mean
 from _reference.float64_policy import completion_log_probs, float64_model
 from _reference.pairs import PairMethod, PairReference, widest_gap
 from _support.distributed_run import make_trainer
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, naive_entropy, toy_config
+from _support.grpo import loss_and_gradients, make_grpo_batch, naive_entropy, toy_config
 from _support.parity import TRL, assert_same_step
 from _support.stand_in_rank import StandInRank
 
@@ -165,11 +165,9 @@ def loss_step_from_controllers_to_regularisers(trainer, batch):
     return regulariser
 
 
-def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_tokenizer, tmp_path):
+def test_worked_example_through_the_trainers_loss_step(toy_trainer_of):
     # steps_per_generation = 2, one pass: each micro-batch is half of the generation cycle, w = 1/2
-    trainer = build_trainer(
-        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo", steps_per_generation=2
-    )
+    trainer = toy_trainer_of("entropic", loss_type="grpo", steps_per_generation=2)
     controller = trainer.controllers["entropic"]
     assert (controller.value, controller.integral, controller.weight) == (0.0, 0.0, 0.5)
     metrics = trainer._metrics["train"]
@@ -199,15 +197,11 @@ def test_worked_example_through_the_trainers_loss_step(toy_model_path, toy_token
     assert (controller.value, controller.integral) == (pytest.approx(0.001, abs=1e-7), pytest.approx(0.1, abs=1e-7))
 
 
-def test_a_micro_batch_moves_the_integral_by_its_share_of_a_cycle_of_every_pass(
-    toy_model_path, toy_tokenizer, tmp_path
-):
+def test_a_micro_batch_moves_the_integral_by_its_share_of_a_cycle_of_every_pass(toy_trainer_of):
     """Two passes over each generation batch of two micro-batches: a cycle is four micro-batches, so each moves the
     integral by (H̄ − H*)/4 (the one-process training run's fact below, in one loss step). H̄ is the mean over the
     micro-batch's valid tokens: the padded position's 5 nats count for nothing."""
-    trainer = build_trainer(
-        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo", steps_per_generation=2, num_iterations=2
-    )
+    trainer = toy_trainer_of("entropic", loss_type="grpo", steps_per_generation=2, num_iterations=2)
     entropy, mask = [[0.2, 0.5, 5.0], [0.4, 0.1, 0.3]], [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
     mean = sum(h * m for row, valid in zip(entropy, mask, strict=True) for h, m in zip(row, valid, strict=True)) / 5
     log_probs = torch.tensor([[0.99, 0.5, 0.97], [0.96, 0.3, 0.2]]).log().requires_grad_()
@@ -235,15 +229,11 @@ def test_a_micro_batch_moves_the_integral_by_its_share_of_a_cycle_of_every_pass(
 SECOND_RANK_SUMS = (2.0, 4.0, 1.0)
 
 
-def test_alpha_and_the_token_sum_normaliser_take_every_ranks_tokens(
-    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
-):
+def test_alpha_and_the_token_sum_normaliser_take_every_ranks_tokens(monkeypatch, toy_trainer_of):
     """α comes from the entropy mean over both ranks' tokens (0.4 nats, not rank 0's 0.30), and a token-sum loss type
     divides the term by both ranks' high-probability tokens per rank, (3 + 1) / 2, as DDP averages the ranks'
     gradients."""
-    trainer = build_trainer(
-        "entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="dapo", steps_per_generation=2
-    )
+    trainer = toy_trainer_of("entropic", loss_type="dapo", steps_per_generation=2)
     entropy_sum, tokens, high_tokens = SECOND_RANK_SUMS
     second_rank = [torch.tensor([[entropy_sum, tokens]]), torch.tensor([high_tokens, tokens])]
     monkeypatch.setattr(trainer, "accelerator", StandInRank(trainer.accelerator, 0, 2, second_rank))
@@ -331,35 +321,20 @@ def threshold_from_the_batch(log_probs, mask, advantages):
     raise AssertionError("no threshold of the batch separates tokens of both signs")
 
 
-@pytest.fixture(scope="module")
-def trl_trainers():
-    return {}
-
-
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
 def test_loss_and_gradients_equal_grpo_trainer_plus_the_float64_term(
-    toy_model_path, toy_tokenizer, tmp_path, trl_trainers, loss_type
+    toy_model_path, toy_tokenizer, cached_trl_trainer, loss_type, toy_trainer_of
 ):
     options = {"loss_type": loss_type, **LOSS_CASES[loss_type]}
-    if loss_type not in trl_trainers:
-        trl_trainers[loss_type] = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    trl_trainer = trl_trainers[loss_type]
+    trl_trainer = cached_trl_trainer(**options)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=list(LOSS_CASES).index(loss_type))
     inputs["advantages"] = ADVANTAGES.clone()
     model64, log_probs, entropy = float64_scores(toy_model_path, inputs)
     mask = inputs["completion_mask"].double()
     tau, high = threshold_from_the_batch(log_probs.detach(), mask, ADVANTAGES)
 
-    ours = build_trainer(
-        "entropic",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        entropic_target=TARGET,
-        entropic_kp=KP,
-        entropic_ki=KI,
-        entropic_high_prob=tau,
-        **options,
+    ours = toy_trainer_of(
+        "entropic", "ours", entropic_target=TARGET, entropic_kp=KP, entropic_ki=KI, entropic_high_prob=tau, **options
     )
     controller = ours.controllers["entropic"]
     controller.integral = INTEGRAL
@@ -399,13 +374,11 @@ def test_loss_and_gradients_equal_grpo_trainer_plus_the_float64_term(
     [{"loss_type": "grpo", "beta": 0.04, "delta": 1.2}, {"loss_type": "dapo"}, {"loss_type": "sapo"}],
     ids=lambda options: options["loss_type"],
 )
-def test_zero_gains_equal_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, options):
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    ours = build_trainer(
+def test_zero_gains_equal_grpo_trainer(toy_tokenizer, options, toy_trainer_of):
+    trl_trainer = toy_trainer_of(TRL, "trl", **options)
+    ours = toy_trainer_of(
         "entropic",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
+        "ours",
         entropic_kp=0.0,
         entropic_ki=0.0,
         entropic_high_prob=1e-4,  # below every probability of the batch: the term covers every token, times α = 0
@@ -418,10 +391,10 @@ def test_zero_gains_equal_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path, 
     assert ours._metrics["train"]["entropic/high_prob_fraction"] == [1.0]
 
 
-def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenizer, tmp_path):
+def test_an_empty_high_probability_set_adds_nothing(toy_tokenizer, toy_trainer_of):
     """τ above every probability of the batch: the term is exactly 0, no NaN, and the step is trl.GRPOTrainer's."""
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl")
-    ours = build_trainer("entropic", toy_model_path, toy_tokenizer, tmp_path / "ours", entropic_high_prob=0.5)
+    trl_trainer = toy_trainer_of(TRL, "trl")
+    ours = toy_trainer_of("entropic", "ours", entropic_high_prob=0.5)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=7)
     assert_same_step(trl_trainer, ours, inputs)
     controller = ours.controllers["entropic"]
@@ -434,8 +407,8 @@ def test_an_empty_high_probability_set_adds_nothing(toy_model_path, toy_tokenize
     assert term.item() == 0.0 and torch.isfinite(batch.log_probs.grad).all() and not batch.log_probs.grad.any()
 
 
-def test_zero_entropy_micro_batch_gives_a_finite_loss(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer("entropic", toy_model_path, toy_tokenizer, tmp_path, loss_type="grpo")
+def test_zero_entropy_micro_batch_gives_a_finite_loss(toy_trainer_of):
+    trainer = toy_trainer_of("entropic", loss_type="grpo")
     batch = example_batch(0.0)
     loss = loss_step(trainer, batch)
     loss.backward()

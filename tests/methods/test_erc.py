@@ -21,7 +21,7 @@ import warnings
 import pytest
 import torch
 from _reference.combined_reference import scores
-from _reference.float64_policy import float64_model
+from _reference.float64_policy import assert_step_is_float64, float64_model
 from _reference.loss_types_reference import LOSS_TYPE_CASES, float64_loss
 from _reference.pairs import PairMethod, PairReference
 from _support.distributed_run import logged, make_rollout, make_trainer, ranked_reward
@@ -292,24 +292,19 @@ def float64_erc_loss(loss_type, args, reference, inputs):
 
 
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
-def test_loss_and_every_gradient_equal_a_float64_erc_loss(toy_model_path, toy_tokenizer, tmp_path, loss_type):
-    ours = build_trainer(
-        "erc", toy_model_path, toy_tokenizer, tmp_path, loss_type=loss_type, **OFF_POLICY, **LOSS_CASES[loss_type]
-    )
+def test_loss_and_every_gradient_equal_a_float64_erc_loss(toy_model_path, toy_tokenizer, loss_type, toy_trainer_of):
+    ours = toy_trainer_of("erc", loss_type=loss_type, **OFF_POLICY, **LOSS_CASES[loss_type])
     inputs, targets = batch_with_rollout_entropy(ours.model, toy_tokenizer, seed=list(LOSS_CASES).index(loss_type))
     our_loss, our_grads = loss_and_gradients(ours, inputs)
 
     reference = float64_model(toy_model_path)
     loss, keep, rho = float64_erc_loss(loss_type, ours.args, reference, inputs)
-    loss.backward()
     mask = inputs["completion_mask"].bool()
     # Well posed: the gate keeps the targets' tokens, no ratio near a bound, kept and gated tokens in every row.
     assert torch.equal(keep, mask & (targets > LOW) & (targets < HIGH))
     assert ((rho - LOW).abs().min() > 1e-3) and ((rho - HIGH).abs().min() > 1e-3)
     assert all(0 < keep[i].sum() < mask[i].sum() for i in range(mask.size(0)) if mask[i].sum() > 1)
-    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
-    for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert_step_is_float64(our_loss, our_grads, loss, reference)
     kept_fraction = (keep.double().sum() / mask.double().sum()).item()
     assert ours._metrics["train"]["erc/kept_fraction"] == [pytest.approx(kept_fraction, rel=1e-6)]
 
@@ -327,25 +322,21 @@ NEUTRAL_CASES = {"grpo": {"delta": 1.2, "beta": 0.04}, "dapo": {}, "cispo": {"ep
 
 
 @pytest.mark.parametrize("loss_type", NEUTRAL_CASES)
-def test_the_neutral_band_equals_grpo_trainer_on_far_entropy_ratios(
-    toy_model_path, toy_tokenizer, tmp_path, loss_type
-):
+def test_the_neutral_band_equals_grpo_trainer_on_far_entropy_ratios(toy_tokenizer, loss_type, toy_trainer_of):
     options = {"loss_type": loss_type, **NEUTRAL_CASES[loss_type]}
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    ours = build_trainer(
-        "erc", toy_model_path, toy_tokenizer, tmp_path / "ours", erc_low=0.0, erc_high=inf, **OFF_POLICY, **options
-    )
+    trl_trainer = toy_trainer_of(TRL, "trl", **options)
+    ours = toy_trainer_of("erc", "ours", erc_low=0.0, erc_high=inf, **OFF_POLICY, **options)
     inputs, _ = batch_with_rollout_entropy(trl_trainer.model, toy_tokenizer, seed=3, ratios=(1e-6, 1e6, 0.01, 50.0))
     assert_same_step(trl_trainer, ours, inputs)
     assert ours._metrics["train"]["erc/kept_fraction"] == [1.0]
 
 
-def test_the_default_band_on_an_on_policy_batch_equals_grpo_trainer(toy_model_path, toy_tokenizer, tmp_path):
+def test_the_default_band_on_an_on_policy_batch_equals_grpo_trainer(toy_tokenizer, toy_trainer_of):
     """On-policy TRL computes no rollout log-probs: the loss step takes H^old = H, ρ = 1, and keeps every token."""
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", beta=0.04)
+    trl_trainer = toy_trainer_of(TRL, "trl", beta=0.04)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the on-policy warning, tested above
-        ours = build_trainer("erc", toy_model_path, toy_tokenizer, tmp_path / "ours", beta=0.04)
+        ours = toy_trainer_of("erc", "ours", beta=0.04)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=4, old_noise=None)
     assert OLD_ENTROPY_KEY not in inputs
     assert_same_step(trl_trainer, ours, inputs)

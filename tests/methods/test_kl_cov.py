@@ -18,7 +18,6 @@ from _support.cov import (
     clipped_surrogate,
     generation_batch,
     kl_cov_loss_fn,
-    logged,
     on_policy_warnings,
     reference_count,
     reference_pooled_covariance,
@@ -26,8 +25,8 @@ from _support.cov import (
     selected_set,
     train_options,
 )
-from _support.distributed_run import make_trainer
-from _support.grpo import build_trainer, loss_and_gradients, toy_config, toy_dataset
+from _support.distributed_run import logged, make_trainer
+from _support.grpo import loss_and_gradients, toy_config, toy_dataset
 from _support.parity import ACCUMULATION
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
@@ -105,7 +104,7 @@ def test_the_on_policy_warning_names_the_line_that_builds_the_trainer(
 
 
 @pytest.mark.parametrize("loss_type, beta", [("grpo", 0.04), ("bnpo", 0.0), ("dr_grpo", 0.04), ("dapo", 0.0)])
-def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss_type, beta):
+def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, loss_type, beta, toy_trainer_of):
     inputs = batch(toy_model_path, toy_tokenizer, seed=30 + LOSS_TYPES.index(loss_type), old_noise=0.4)
     reference = Reference(toy_model_path, inputs)
     num_valid = len(reference.valid)
@@ -118,12 +117,9 @@ def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss
         "no clipped token: KL-Cov's no-clip untested"
     )
     coef = 0.7
-    trainer = build_trainer(
+    trainer = toy_trainer_of(
         "kl_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
+        accumulation=ACCUMULATION,
         loss_type=loss_type,
         beta=beta,
         num_iterations=2,
@@ -144,35 +140,24 @@ def test_kl_cov_loss_and_gradients(toy_model_path, toy_tokenizer, tmp_path, loss
     assert abs(unpenalised_loss - expected_loss) > 1e-4
 
 
-def test_kl_cov_equal_advantages_penalises_one_zero_covariance_token(toy_model_path, toy_tokenizer, tmp_path):
+def test_kl_cov_equal_advantages_penalises_one_zero_covariance_token(toy_model_path, toy_tokenizer, toy_trainer_of):
     """Zero covariance everywhere: KL-Cov still penalises k = 1 valid token (any of them)."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=40, old_noise=0.4)
     inputs["advantages"] = torch.full_like(inputs["advantages"], -0.3)
     reference = Reference(toy_model_path, inputs)
     assert max(abs(c) for c in reference.cov.values()) < 1e-12
-    trainer = build_trainer(
-        "kl_cov", toy_model_path, toy_tokenizer, tmp_path, ACCUMULATION, loss_type="bnpo", num_iterations=2
-    )
+    trainer = toy_trainer_of("kl_cov", accumulation=ACCUMULATION, loss_type="bnpo", num_iterations=2)
     loss, _ = loss_and_gradients(trainer, inputs)
     options = [reference.loss(kl_cov_loss_fn({t}, 1.0), "bnpo", 6) for t in reference.valid]
     assert min(abs(value - loss.double()) for value in options) < 1e-6
     assert trainer._metrics["train"]["kl_cov/penalised_fraction"] == [pytest.approx(1 / len(reference.valid))]
 
 
-def test_kl_cov_without_penalty_is_unclipped_policy_gradient(toy_model_path, toy_tokenizer, tmp_path):
+def test_kl_cov_without_penalty_is_unclipped_policy_gradient(toy_model_path, toy_tokenizer, toy_trainer_of):
     """kl_cov_coef = 0: −A·r for every token, which differs from GRPO's clipped loss when some ratio is clipped."""
     inputs = batch(toy_model_path, toy_tokenizer, seed=41, old_noise=0.4)
     reference = Reference(toy_model_path, inputs)
-    trainer = build_trainer(
-        "kl_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
-        loss_type="dapo",
-        num_iterations=2,
-        kl_cov_coef=0.0,
-    )
+    trainer = toy_trainer_of("kl_cov", accumulation=ACCUMULATION, loss_type="dapo", num_iterations=2, kl_cov_coef=0.0)
     loss, gradients = loss_and_gradients(trainer, inputs)
     expected_loss, expected_gradients = reference.loss_and_gradients(kl_cov_loss_fn(set(), 0.0), "dapo", 6)
     assert_same(loss, gradients, expected_loss, expected_gradients)
@@ -194,7 +179,7 @@ def test_kl_cov_trains_end_to_end(warm_toy_policy_path, tmp_path):
 
 @pytest.mark.parametrize("on_policy", [True, False], ids=["on_policy", "off_policy"])
 def test_kl_cov_generation_batch_selection_equals_float64_reference(
-    toy_model_path, toy_tokenizer, tmp_path, on_policy
+    toy_model_path, toy_tokenizer, on_policy, toy_trainer_of
 ):
     """The top k of the whole generation batch by Cov_t from ℓ^old, centred over the whole batch."""
     inputs = generation_batch(toy_model_path, toy_tokenizer, seed=60, on_policy=on_policy)
@@ -203,12 +188,9 @@ def test_kl_cov_generation_batch_selection_equals_float64_reference(
     count = reference_count(ratio, len(cov))
     ranked = sorted(cov, key=lambda token: cov[token], reverse=True)
     assert cov[ranked[count - 1]] - cov[ranked[count]] > 1e-5  # no near-tie at the cut
-    trainer = build_trainer(
+    trainer = toy_trainer_of(
         "kl_cov",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        ACCUMULATION,
+        accumulation=ACCUMULATION,
         num_iterations=2,
         kl_cov_ratio=ratio,
         cov_selection_scope="generation_batch",

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 from _reference.pairs import PairMethod, PairReference
-from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
+from _support.grpo import loss_and_gradients, make_grpo_batch, toy_config, toy_trainer
 from _support.parity import TRL
 from trl import GRPOTrainer
 
@@ -330,11 +330,9 @@ def test_generation_batch_carries_the_formulas_advantages(
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_loss_and_gradients_equal_grpo_trainer_with_the_formulas_advantages(
-    toy_model_path, toy_tokenizer, tmp_path, loss_type
-):
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", loss_type=loss_type)
-    ours = build_trainer("qae", toy_model_path, toy_tokenizer, tmp_path / "ours", loss_type=loss_type)
+def test_loss_and_gradients_equal_grpo_trainer_with_the_formulas_advantages(loss_type, toy_trainer_of):
+    trl_trainer = toy_trainer_of(TRL, "trl", loss_type=loss_type)
+    ours = toy_trainer_of("qae", "ours", loss_type=loss_type)
     inputs = make_grpo_batch(ours.model, ours.model.config.vocab_size, seed=3)
     inputs["advantages"] = torch.tensor(spec_advantages([1.0, 0.0, 0.0, 0.0], 4, 0.4, "group"), dtype=torch.float32)
     assert inputs["advantages"].tolist() == pytest.approx([1 / (0.5 + 1e-4), 0.0, 0.0, 0.0])

@@ -10,7 +10,6 @@ import pytest
 import torch
 from _reference.pairs import PairMethod, PairReference
 from _support.grpo import (
-    build_trainer,
     loss_and_gradients,
     make_grpo_batch,
     naive_entropy,
@@ -273,15 +272,13 @@ def spec_advantages(model, inputs, beta, variant, centering, keep_sign, sampled_
     ],
 )
 def test_loss_and_gradients_equal_grpo_trainer_with_the_specs_advantages(
-    toy_model_path, toy_tokenizer, tmp_path, variant, centering, beta, keep_sign, loss_type, level
+    toy_tokenizer, variant, centering, beta, keep_sign, loss_type, level, toy_trainer_of
 ):
     options = dict(loss_type=loss_type, importance_sampling_level=level)
-    trl_trainer = build_trainer(TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", **options)
-    ours = build_trainer(
+    trl_trainer = toy_trainer_of(TRL, "trl", **options)
+    ours = toy_trainer_of(
         "repo_r",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
+        "ours",
         repo_variant=variant,
         repo_centering=centering,
         repo_beta=beta,
@@ -316,8 +313,8 @@ def test_loss_and_gradients_equal_grpo_trainer_with_the_specs_advantages(
         assert abs(other_loss.item() - our_loss.item()) > 1e-4
 
 
-def test_target_is_the_first_cycles_mean_entropy(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer("repo_r", toy_model_path, toy_tokenizer, tmp_path, accumulation=2, repo_beta=0.04)
+def test_target_is_the_first_cycles_mean_entropy(toy_tokenizer, toy_trainer_of):
+    trainer = toy_trainer_of("repo_r", accumulation=2, repo_beta=0.04)
     inputs = varied_batch(trainer.model, len(toy_tokenizer), seed=0)
     first, second = split_batch(inputs)
     set_sync(trainer, False)

@@ -244,10 +244,10 @@ def generation_batches(model, vocab_size):
     return [make_grpo_batch(model, vocab_size, seed=seed, old_noise=None, ref=False) for seed in (1, 2, 3)]
 
 
-def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_path, toy_tokenizer, tmp_path):
+def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_path, toy_tokenizer, toy_trainer_of):
     """The quick loop's check of the training run's fact above: an evaluation batch measures nothing, the first
     training batch measures the anchor (its float64 value), the second leaves it."""
-    trainer = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path)
+    trainer = toy_trainer_of("siren")
     model = float64_model(toy_model_path)
     first, second, evaluation = generation_batches(model, len(toy_tokenizer))
     assert abs(float64_anchor(model, first) - float64_anchor(model, second)) > 1e-3  # a second measurement shows
@@ -262,17 +262,17 @@ def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_p
 
 
 def test_a_checkpoint_carries_the_anchor_and_the_resumed_trainer_never_measures(
-    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
+    toy_model_path, toy_tokenizer, tmp_path, monkeypatch, toy_trainer_of
 ):
     """The quick loop's check of the resumed run's fact above, through the checkpoint's save and restore functions:
     the anchor measured before the checkpoint comes back bit for bit, and the resumed trainer's next generation batch
     measures nothing."""
-    saved = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path / "saved")
+    saved = toy_trainer_of("siren", "saved")
     model = float64_model(toy_model_path)
     first, second, _ = generation_batches(model, len(toy_tokenizer))
     saved.part(SIRENPart.key).on_generation_batch(first)
     saved.state.global_step = 1
-    resumed = build_trainer("siren", toy_model_path, toy_tokenizer, tmp_path / "resumed")
+    resumed = toy_trainer_of("siren", "resumed")
     resume_from_saved(saved, resumed, str(tmp_path / "checkpoint-1"))
     assert resumed.siren_anchor == saved.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
     measured = []

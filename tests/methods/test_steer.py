@@ -17,10 +17,10 @@ import math
 import pytest
 import torch
 from _reference.combined_reference import scores
-from _reference.float64_policy import float64_model
+from _reference.float64_policy import assert_step_is_float64, float64_model
 from _reference.loss_types_reference import float64_loss
 from _reference.pairs import PairMethod, PairReference
-from _support.grpo import SMALL_BATCH, build_trainer, loss_and_gradients, make_grpo_batch, toy_config
+from _support.grpo import SMALL_BATCH, loss_and_gradients, make_grpo_batch, toy_config
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
 from trl_entropy.core.trl.objectives import LOSS_TYPES
@@ -102,12 +102,9 @@ def test_worked_example_loss_and_gradient_with_the_weights_held(mapping):
 
 
 @pytest.fixture(params=["exponential", "linear"])
-def example_trainer(request, toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer(
+def example_trainer(request, toy_trainer_of):
+    trainer = toy_trainer_of(
         "steer",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
         loss_type="bnpo",  # the token mean over the micro-batch
         epsilon=0.2,
         epsilon_high=0.28,
@@ -243,8 +240,8 @@ def weights_of(trainer, inputs):
     return gate.weight.detach()
 
 
-def test_the_weights_depend_on_the_micro_batch_and_a_fixed_layout_reproduces(toy_model_path, toy_tokenizer, tmp_path):
-    trainer = build_trainer("steer", toy_model_path, toy_tokenizer, tmp_path)
+def test_the_weights_depend_on_the_micro_batch_and_a_fixed_layout_reproduces(toy_tokenizer, toy_trainer_of):
+    trainer = toy_trainer_of("steer")
     inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), batch=4, seed=11)
     whole = weights_of(trainer, inputs)
     torch.testing.assert_close(weights_of(trainer, inputs), whole, rtol=0, atol=0)  # the same layout: the same weights
@@ -284,12 +281,9 @@ def float64_steer_weights(log_probs, inputs, weight_min):
 
 
 @pytest.mark.parametrize("loss_type", LOSS_CASES)
-def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_tokenizer, tmp_path, loss_type):
-    ours = build_trainer(
+def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_tokenizer, toy_trainer_of, loss_type):
+    ours = toy_trainer_of(
         "steer",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
         loss_type=loss_type,
         num_iterations=2,  # the rollout's log-probs and entropy differ from this pass's
         **LOSS_CASES[loss_type],
@@ -304,10 +298,7 @@ def test_loss_and_every_gradient_equal_a_float64_steer_loss(toy_model_path, toy_
     valid = inputs["completion_mask"].bool()
     assert weights[valid].min() == pytest.approx(0.8) and (weights[valid] > 0.95).any()  # the weights spread
     loss = float64_loss(loss_type, ours.args, log_probs, inputs, lambda surrogate: surrogate * weights)
-    loss.backward()
-    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
-    for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert_step_is_float64(our_loss, our_grads, loss, reference)
     assert ours._metrics["train"]["steer/weight_mean"] == [pytest.approx(float(weights.sum() / valid.sum()), rel=1e-5)]
 
     # The comparison has power: without the weights the loss and the gradients differ.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference.float64_policy import completion_log_probs, float64_model
+from _reference.float64_policy import assert_step_is_float64, completion_log_probs, float64_model
 from _support.grpo import build_trainer, loss_and_gradients, make_grpo_batch, toy_dataset
 from _support.parity import TRL, assert_same_step, build_pair
 from transformers import AutoModelForCausalLM
@@ -103,18 +103,10 @@ def paper_loss(loss_type, log_probs, old_log_probs, advantages, mask, config):
 
 
 @pytest.mark.parametrize("loss_type", NEW_LOSS_TYPES)
-def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, tmp_path, loss_type):
+def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, loss_type, toy_trainer_of):
     level = "sequence" if loss_type == "luspo" else "token"  # each paper's own setting
     options = {**LOSS_OPTIONS[loss_type], "epsilon_high": 1.2 if loss_type == "cispo" else 0.28}
-    trainer = build_trainer(
-        "grpo",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path,
-        loss_type=loss_type,
-        importance_sampling_level=level,
-        **options,
-    )
+    trainer = toy_trainer_of("grpo", loss_type=loss_type, importance_sampling_level=level, **options)
     inputs = make_grpo_batch(trainer.model, len(toy_tokenizer), seed=7, old_noise=0.3)
     our_loss, our_grads = loss_and_gradients(trainer, inputs)
 
@@ -124,10 +116,7 @@ def test_new_loss_types_equal_paper_formula(toy_model_path, toy_tokenizer, tmp_p
     loss = paper_loss(
         loss_type, log_probs, inputs["old_per_token_logps"].double(), inputs["advantages"].double(), mask, trainer.args
     )
-    loss.backward()
-    torch.testing.assert_close(our_loss.double(), loss.detach(), rtol=1e-5, atol=1e-7)
-    for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(our_grads[name].double(), parameter.grad, rtol=1e-3, atol=1e-6, msg=name)
+    assert_step_is_float64(our_loss, our_grads, loss, reference)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -172,21 +161,8 @@ def test_table_matches_configs():
         assert supported == ((method, loss_type) not in REFUSED), (method, loss_type)
 
 
-def cached_trl_trainer(cache, path, tokenizer, tmp_path, loss_type, options):
-    """One trl.GRPOTrainer per loss type and options for the whole module (building them is the slow part)."""
-    key = (loss_type, tuple(sorted(options.items())))
-    if key not in cache:
-        cache[key] = build_trainer(TRL, path, tokenizer, tmp_path / "trl", loss_type=loss_type, **options)
-    return cache[key]
-
-
-@pytest.fixture(scope="module")
-def trl_trainers():
-    return {}
-
-
 @pytest.mark.parametrize("method, loss_type", CELLS)
-def test_method_with_loss_type(toy_model_path, toy_tokenizer, tmp_path, trl_trainers, method, loss_type):
+def test_method_with_loss_type(toy_tokenizer, tmp_path, cached_trl_trainer, method, loss_type, toy_trainer_of):
     spec = METHODS[method]
     options = {**spec.defaults, "loss_type": loss_type}
     if (method, loss_type) in REFUSED:
@@ -200,8 +176,8 @@ def test_method_with_loss_type(toy_model_path, toy_tokenizer, tmp_path, trl_trai
     trl_options = {**LOSS_OPTIONS.get(loss_type, {}), **trl_options}
     if loss_type == "cispo":
         ours_options = {**LOSS_OPTIONS["cispo"], **ours_options}
-    ours = build_trainer(method, toy_model_path, toy_tokenizer, tmp_path, **options, **ours_options)
-    trl = cached_trl_trainer(trl_trainers, toy_model_path, toy_tokenizer, tmp_path, loss_type, trl_options)
+    ours = toy_trainer_of(method, **options, **ours_options)
+    trl = cached_trl_trainer(loss_type=loss_type, **trl_options)
     inputs = make_grpo_batch(trl.model, len(toy_tokenizer), seed=CELLS.index((method, loss_type)), old_noise=0.3)
     assert_same_step(trl, ours, inputs)
 

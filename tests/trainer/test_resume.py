@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 from _support.distributed_run import ADAPTIVE_METHODS, logged
-from _support.grpo import build_trainer
 from _support.resume import CHECKPOINT, STEPS, assert_resumed_equals_straight, saved_snapshot, step_values, train
 from _support.stand_in_rank import StandInRank
 
@@ -273,13 +272,11 @@ CYCLE_METHOD = next(name for name in ADAPTIVE_METHODS if not METHODS[name].moves
 RANK_SUMS = ([6.0, 4.0], [3.0, 2.0])
 
 
-def test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks(
-    toy_model_path, toy_tokenizer, tmp_path, monkeypatch
-):
+def test_a_checkpoints_partial_cycle_sums_come_back_once_over_the_ranks(tmp_path, monkeypatch, toy_trainer_of):
     """Rank 0 and rank 1 of two, stood in one after the other in one process: the checkpoint holds the world's partial
     sums of the cycle, and after the resume the ranks' sums add up to them once (one rank takes them over), not once
     per rank, which would double the statistic of the cycle's update. The two-process test below runs it for real."""
-    trainer = build_trainer(CYCLE_METHOD, toy_model_path, toy_tokenizer, tmp_path, num_iterations=2)
+    trainer = toy_trainer_of(CYCLE_METHOD, num_iterations=2)
     accelerator, cycle = trainer.accelerator, trainer.controller_cycle
     (statistic,) = {controller.statistic for controller in trainer.controllers.values()}
     checkpoint = str(tmp_path / "checkpoint")

@@ -48,36 +48,27 @@ def test_each_step_equals_grpo_trainer_with_that_steps_coefficient(step, toy_mod
     assert ours.entropy_coef == pytest.approx(VALUES[step], abs=1e-15)  # TRL's attribute, which TRL logs
 
 
-def test_the_generation_cycle_clock_counts_every_pass_over_the_batch(toy_model_path, toy_tokenizer, tmp_path):
+def test_the_generation_cycle_clock_counts_every_pass_over_the_batch(toy_tokenizer, toy_trainer_of):
     """Two passes over each generation batch: a cycle is steps_per_generation · num_iterations = 4 micro-batches, two
     optimizer steps of accumulation 2, so step 3 of 10 is cycle ⌊3·2/4⌋ = 1 of ⌊10·2/4⌋ = 5 and the coefficient is
     0.02·(1 − 1/5). A clock that dropped the passes would read cycle 3 of 10 (0.014)."""
     cycle, cycles = 3 * 2 // (2 * 2), 10 * 2 // (2 * 2)
     coefficient = 0.02 + (0.0 - 0.02) * cycle / cycles
     schedule = dict(SCHEDULE, entropy_coef_warmup_steps=0, entropy_schedule_unit="generation_cycle")
-    ours = build_trainer(
-        "grpo",
-        toy_model_path,
-        toy_tokenizer,
-        tmp_path / "ours",
-        ACCUMULATION,
-        max_steps=10,
-        num_iterations=2,
-        **schedule,
-    )
+    ours = toy_trainer_of("grpo", "ours", accumulation=ACCUMULATION, max_steps=10, num_iterations=2, **schedule)
     ours.state.max_steps, ours.state.global_step = 10, 3
-    trl_trainer = build_trainer(
-        TRL, toy_model_path, toy_tokenizer, tmp_path / "trl", ACCUMULATION, num_iterations=2, entropy_coef=0.016
-    )
+    trl_trainer = toy_trainer_of(TRL, "trl", accumulation=ACCUMULATION, num_iterations=2, entropy_coef=0.016)
     assert (cycle, cycles) == (1, 5) and coefficient == pytest.approx(0.016, abs=1e-15)
     assert_same_step(trl_trainer, ours, make_grpo_batch(ours.model, len(toy_tokenizer), seed=4))
     assert ours.entropy_coef == pytest.approx(coefficient, abs=1e-15)
 
 
-def test_the_bonus_has_a_gradient_wherever_its_coefficient_is_not_zero(toy_model_path, toy_tokenizer, tmp_path):
+def test_the_bonus_has_a_gradient_wherever_its_coefficient_is_not_zero(
+    toy_model_path, toy_tokenizer, tmp_path, toy_trainer_of
+):
     """The bonus's part of the gradient, against the same step without a bonus, scales with the coefficient."""
     _, ours = trainers(toy_model_path, toy_tokenizer, tmp_path, 0.0, **SCHEDULE)
-    without = build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path / "plain", ACCUMULATION)
+    without = toy_trainer_of("grpo", "plain", accumulation=ACCUMULATION)
     inputs = make_grpo_batch(ours.model, len(toy_tokenizer), seed=3)
     _, base = loss_and_gradients(without, inputs)
     shares = []

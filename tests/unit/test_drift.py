@@ -8,7 +8,7 @@ import inspect
 from importlib.metadata import version
 
 import pytest
-from _support.grpo import build_trainer, toy_trainer
+from _support.grpo import toy_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_entropy import EntropyGRPOConfig, EntropyGRPOTrainer
@@ -188,14 +188,14 @@ def test_renaming_any_guarded_parameter_fails_naming_it(name, parameter, monkeyp
     assert f"its parameter {parameter!r} (position {position}) is '{parameter}_renamed'" in message
 
 
-def test_construction_runs_the_method_check(toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+def test_construction_runs_the_method_check(monkeypatch, toy_trainer_of):
     monkeypatch.delattr(GRPOTrainer, "_compute_loss")
     with pytest.raises(RuntimeError, match="no longer has the method _compute_loss"):
-        build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path)
+        toy_trainer_of("grpo")
 
 
 @pytest.mark.parametrize("name", ["_logs", "_pending_metrics"])
-def test_construction_runs_the_attribute_check(name, toy_model_path, toy_tokenizer, tmp_path, monkeypatch):
+def test_construction_runs_the_attribute_check(name, monkeypatch, toy_trainer_of):
     """An attribute TRL's ``__init__`` no longer sets fails the construction of our trainer, naming it."""
     trl_init = GRPOTrainer.__init__
 
@@ -205,7 +205,7 @@ def test_construction_runs_the_attribute_check(name, toy_model_path, toy_tokeniz
 
     monkeypatch.setattr(GRPOTrainer, "__init__", init_without)
     with pytest.raises(RuntimeError, match=rf"trl=={TRL_VERSION}: GRPOTrainer no longer sets the attribute {name},"):
-        build_trainer("grpo", toy_model_path, toy_tokenizer, tmp_path)
+        toy_trainer_of("grpo")
 
 
 @pytest.mark.parametrize("name", PASS_AT_K_NAMES)
