@@ -113,9 +113,12 @@ def count_syncs(trainer) -> list[int]:
     return syncs
 
 
-def train_and_record(method, model, output_dir, result, skip_sync=False, **overrides):
+def train_and_record(method, model, output_dir, result, skip_sync=False, engine=None, **overrides):
     """Train ``method`` with vLLM generating and write, to ``result``, the per-step sampling gaps, losses, syncs and
-    how far the weights moved. ``skip_sync`` plants a missing weight sync (vLLM keeps the starting weights)."""
+    how far the weights moved. ``skip_sync`` plants a missing weight sync (vLLM keeps the starting weights);
+    ``engine``: options of vLLM's engine that TRL does not expose (:func:`engine_options`)."""
+    if engine:
+        engine_options(**engine)
     trainer = make_trainer(method, model, output_dir, reward=alternating_reward, **{**VLLM_OPTIONS, **overrides})
     start = {name: parameter.detach().clone() for name, parameter in trainer.model.named_parameters()}
     syncs = count_syncs(trainer)
@@ -142,6 +145,23 @@ def train_and_record(method, model, output_dir, result, skip_sync=False, **overr
     }
     with open(result, "w") as file:
         json.dump(record, file)
+
+
+def engine_options(**options) -> None:
+    """Have TRL build this process's engine with ``options`` too (``vllm.LLM``'s keyword arguments)."""
+    import functools
+
+    import trl.generation.vllm_generation as generation
+
+    generation.LLM = functools.partial(generation.LLM, **options)
+
+
+def smollm2_prompts(copies: int = 4):
+    """Four short chat prompts, ``copies`` times each."""
+    from datasets import Dataset
+
+    questions = ["What is 2 + 3?", "Name a colour.", "What is 7 times 6?", "Say hello."]
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions * copies])
 
 
 def read(result) -> dict:

@@ -13,6 +13,7 @@ from _support.vllm_engine import (
     alternating_reward,
     in_child,
     read,
+    smollm2_prompts,
     train_and_record,
 )
 
@@ -96,10 +97,3 @@ def test_smollm2_trains_with_vllm_within_its_gap_bound(method, smollm2_path, tmp
     run = read(result)
     assert run["steps"] == 3 and run["moved"] > 1e-3
     assert max(run["gap_max"]) <= SMOLLM2_GAP_BOUND, run["gap_max"]
-
-
-def smollm2_prompts():
-    from datasets import Dataset
-
-    questions = ["What is 2 + 3?", "Name a colour.", "What is 7 times 6?", "Say hello."]
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions * 4])
