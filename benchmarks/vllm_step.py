@@ -32,7 +32,7 @@ def child(generator: str, method: str, steps: int, cache_dir: str | None) -> Non
     """Train ``steps`` steps with ``generator`` and print one JSON line: each step's time and its generation's."""
     from transformers import TrainerCallback
 
-    from trl_entropy.demo.models import DEMO_MODELS, SMOLLM2_TRAINING_DEFAULTS
+    from trl_entropy.demo.models import DEMO_MODELS, SMOLLM2_TRAINING_DEFAULTS, VLLM_TRAINING_SETTINGS
     from trl_entropy.methods import get_method
 
     demo = DEMO_MODELS["smollm2"]
@@ -40,7 +40,7 @@ def child(generator: str, method: str, steps: int, cache_dir: str | None) -> Non
     spec = get_method(method)
     options = {**SMOLLM2_TRAINING_DEFAULTS, "max_steps": steps, "output_dir": "/tmp/vllm_step_bench", **spec.defaults}
     if generator == "vllm":
-        options |= dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512)
+        options |= VLLM_TRAINING_SETTINGS
     task = demo.tasks[0]
     trainer = spec.trainer_class(
         model=path,

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from trl_entropy.core.trl import vllm as vllm_support
 from trl_entropy.demo.arguments import DemoArguments, run_settings
 from trl_entropy.demo.models import DEMO_MODELS, SMOLLM2
 from trl_entropy.demo.run import write_outputs
@@ -19,8 +20,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 HELD_OUT = 19  # the held-out one-digit sums of the chat arithmetic task
 
 
-def test_smollm2_defaults_and_configs():
+def test_smollm2_defaults_and_configs(monkeypatch):
+    monkeypatch.setattr(vllm_support, "vllm_installed", lambda: False)  # as in the main environment
     demo = DemoArguments(model="smollm2")
+    assert demo.generator == "transformers"  # --generator auto, without vLLM
+    with pytest.raises(ValueError, match=r"--generator vllm needs vLLM, which is not installed: .*vLLM on a CPU"):
+        DemoArguments(model="smollm2", generator="vllm")
     assert demo.methods == ["grpo", "aent", "repo_d", "entropic"]
     assert (demo.max_steps, demo.phase2_steps, demo.num_prompts, demo.num_samples, demo.eval_steps) == (
         20,
@@ -59,7 +64,7 @@ def test_demo_trains_the_real_model_and_writes_its_curves_and_report(smollm2_pat
         monkeypatch.setitem(recipe, key, value)
     output = tmp_path / "demo"
     arguments = ["--model", "smollm2", "--methods", "grpo", "aent", "--max_steps", "2", "--eval_steps", "1"]
-    arguments += ["--num_samples", "1", "--workers", "1", "--output_dir", str(output)]
+    arguments += ["--num_samples", "1", "--workers", "1", "--generator", "transformers", "--output_dir", str(output)]
     arguments += ["--model_cache_dir", os.path.dirname(smollm2_path)]
     assert main(arguments) == 0  # one worker, in this process, on the suite's one thread
     assert torch.get_num_threads() == 1
@@ -67,6 +72,7 @@ def test_demo_trains_the_real_model_and_writes_its_curves_and_report(smollm2_pat
 
     history = json.loads((output / "history.json").read_text())
     assert history["model"] == SMOLLM2 and history["arguments"]["phase2_steps"] == 0
+    assert history["generator"] == "transformers"
     assert history["training"]["max_completion_length"] == 4
     assert history["runs"]["aent"]["settings"]["aent_entropy_low"] == 2.0  # trl_entropy/demo/configs/smollm2/aent.yaml
     start = history["initial_evaluations"]["0"]

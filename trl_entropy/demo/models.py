@@ -53,6 +53,11 @@ SMOLLM2_TRAINING_DEFAULTS: dict = {
     "use_cpu": True,
 }
 
+# `--generator vllm`: TRL's colocate mode (vLLM inside the training process: no server, and the only mode that runs on
+# a CPU). 512 tokens hold the chat template's prompt and the completion with room to spare, where the model's own
+# 8192 would only size buffers that are never filled.
+VLLM_TRAINING_SETTINGS: dict = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 512}
+
 
 @dataclass(frozen=True)
 class DemoModel:

@@ -15,6 +15,7 @@ def versions() -> dict:
     import trl
 
     import trl_entropy
+    from trl_entropy.core.trl.vllm import vllm_installed, vllm_version
     from trl_entropy.toy import cpu_path
 
     package = Path(trl_entropy.__file__).resolve().parent
@@ -35,6 +36,7 @@ def versions() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "trl": trl.__version__,
+        "vllm": vllm_version() if vllm_installed() else None,
         "trl_entropy": trl_entropy.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",

@@ -68,7 +68,7 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
                 settings=values,
                 model_path=initial,
                 output_dir=phase1_dir,
-                **dict(common, steps=demo.max_steps, eval_steps=demo.eval_steps),
+                **dict(common, steps=demo.max_steps, eval_steps=demo.eval_steps, generator=demo.generator),
             )
             jobs.append(first)
             if demo.phase2_steps:
@@ -102,6 +102,8 @@ def run_demo(demo: DemoArguments) -> dict[str, dict]:
                 "versions": provenance,
                 "total_wall_time_s": total_time,
                 "total_cpu_time_s": total_cpu,
+                # What sampled the training completions (the held-out pass@k is transformers' generate either way).
+                "generator": demo.generator,
                 "training": model.training,
                 **model.provenance(),
                 "runs": {name: {"method": method, "settings": values} for name, (method, values) in settings.items()},

@@ -1,5 +1,6 @@
 """Running the demo's jobs: in this process (one worker) or in worker processes that stay up and take one job after
-another (:mod:`trl_entropy.demo.worker`), with a progress bar over the optimizer steps."""
+another (:mod:`trl_entropy.demo.worker`), with a progress bar over the optimizer steps. A job that trains with vLLM
+runs in a worker process started for it alone (``Job.own_process``)."""
 
 import json
 import os
@@ -33,7 +34,7 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
         bar.write(line)
 
     pending = list(jobs)
-    if workers == 1:
+    if workers == 1 and not any(job.own_process for job in [*jobs, *after.values()]):
         while pending:
             job = pending.pop(0)
             finish(job, run_job(job, report=lambda: bar.update(1)))
@@ -43,7 +44,8 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
         return results
 
     # Worker processes stay up and take one job after another (a job file's path on their stdin), so the imports are
-    # paid once per worker; each prints "step" per optimizer step and "done" per job.
+    # paid once per worker; each prints "step" per optimizer step and "done" per job. After a job that needs a process
+    # of its own, its worker is told to exit (its stdin closed), and a fresh one takes its slot's next job.
     events: queue.Queue = queue.Queue()
     log_dir = os.path.join(output_dir, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -51,16 +53,23 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
     package_root = str(Path(__file__).resolve().parents[2])
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=python_path)
-    processes, assigned = [], {}
+    # vLLM's CPU build otherwise sizes its KV cache from the machine's memory (gigabytes per engine); a generation
+    # batch of the demo fills a few megabytes of it.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    processes: list[subprocess.Popen] = []
+    retired: list[subprocess.Popen] = []  # told to exit
+    assigned: dict[int, Job] = {}
 
     def watch(index: int, process: subprocess.Popen) -> None:
         for line in process.stdout:
             if line.strip() in ("step", "done"):
-                events.put((line.strip(), index))
-        events.put(("exit", index, process.wait()))
+                events.put((line.strip(), index, process))
+        events.put(("exit", index, process))
 
-    for index in range(min(workers, len(jobs))):
-        with open(os.path.join(log_dir, f"worker{index}.txt"), "w") as log:
+    def start(index: int) -> None:
+        """Start the worker of slot ``index`` (its log appended to, after the slot's first worker)."""
+        mode = "w" if index == len(processes) else "a"
+        with open(os.path.join(log_dir, f"worker{index}.txt"), mode) as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "trl_entropy.demo.worker"],
                 stdin=subprocess.PIPE,
@@ -69,31 +78,44 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
                 text=True,
                 env=env,
             )
-        processes.append(process)
+        if index == len(processes):
+            processes.append(process)
+        else:
+            processes[index] = process
         threading.Thread(target=watch, args=(index, process), daemon=True).start()
+
+    for index in range(min(workers, len(jobs))):
+        start(index)
     idle = list(range(len(processes)))
     try:
         while pending or assigned:
             while pending and idle:
                 index, job = idle.pop(0), pending.pop(0)
+                if processes[index] in retired:
+                    start(index)
                 os.makedirs(job.output_dir, exist_ok=True)
                 with open(job.job_path, "w") as file:
                     json.dump(asdict(job), file)
                 processes[index].stdin.write(job.job_path + "\n")
                 processes[index].stdin.flush()
                 assigned[index] = job
-            kind, index, *code = events.get()
+            kind, index, process = events.get()
             if kind == "step":
                 bar.update(1)
+            elif kind == "exit" and process in retired:  # a worker told to exit after its job
+                continue
             elif kind == "exit":  # a worker only exits by itself when a job fails
                 with open(os.path.join(log_dir, f"worker{index}.txt")) as log:
                     tail = log.read()[-3000:]
                 job = assigned.get(index)
                 raise RuntimeError(
-                    f"{job.key if job else 'a worker'} failed (exit code {code[0]}); its log ends:\n{tail}"
+                    f"{job.key if job else 'a worker'} failed (exit code {process.wait()}); its log ends:\n{tail}"
                 )
             else:
                 job = assigned.pop(index)
+                if job.own_process:
+                    retired.append(process)
+                    process.stdin.close()
                 idle.append(index)
                 with open(job.result_path) as file:
                     finish(job, json.load(file))
@@ -105,5 +127,6 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
             if assigned:  # stopped by an error: do not wait for the other jobs
                 process.kill()
             process.stdin.close()
+        for process in {*processes, *retired}:
             process.wait()
     return results

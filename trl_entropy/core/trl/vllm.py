@@ -124,7 +124,6 @@ def check_plain_weights(model: torch.nn.Module) -> None:
     """After the engine is built on the CPU platform: every layer vLLM dispatched to a CPU kernel multiplies its own,
     unpacked weight. Raises, naming the layers, when vLLM packed one anyway (a release that packs elsewhere)."""
     plain = torch.nn.functional.linear
-    plain = torch.nn.functional.linear
     packed = [
         name
         for name, module in model.named_modules()

@@ -1,0 +1,68 @@
+"""``trl-entropy demo --model smollm2`` with vLLM sampling the training completions (``--generator``): the choice of
+generator, held-out sampling that stays transformers' ``generate``, and a tiny demo whose vLLM runs each train in a
+worker process of their own."""
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+from _support.distributed_run import make_trainer
+from _support.vllm_engine import SMOLLM2_GAP_BOUND
+
+from trl_entropy import report
+from trl_entropy.core.trl.vllm import vllm_version
+from trl_entropy.demo import run
+from trl_entropy.demo.arguments import DemoArguments
+from trl_entropy.demo.jobs import transformers_sampling
+
+
+def test_auto_picks_vllm_for_the_pretrained_model_only():
+    assert DemoArguments(model="smollm2").generator == "vllm"
+    assert DemoArguments(model="smollm2", generator="transformers").generator == "transformers"
+    assert DemoArguments(model="toy").generator == "transformers"
+    with pytest.raises(ValueError, match=r"--generator vllm needs --model smollm2: the toy policy's head size"):
+        DemoArguments(model="toy", generator="vllm")
+    with pytest.raises(ValueError, match=r"generator must be one of \['auto', 'vllm', 'transformers'\], got 'sgl'"):
+        DemoArguments(model="smollm2", generator="sgl")
+
+
+def test_held_out_sampling_takes_the_settings_trl_gives_generate(toy_model_path, tmp_path):
+    """A trainer vLLM generates for has no transformers generation settings (TRL sets them only without vLLM):
+    evaluation sets TRL's own while it samples, and takes them away after."""
+    options = dict(max_completion_length=6, temperature=0.7, top_k=5, generation_kwargs={"typical_p": 0.9})
+    trainer = make_trainer("grpo", toy_model_path, str(tmp_path), **options)
+    expected = trainer.generation_kwargs, trainer.generation_config.to_dict()
+    del trainer.generation_kwargs, trainer.generation_config
+    trainer.use_vllm = True
+    with transformers_sampling(trainer):
+        assert not trainer.use_vllm
+        assert (trainer.generation_kwargs, trainer.generation_config.to_dict()) == expected
+    assert trainer.use_vllm and not hasattr(trainer, "generation_config")
+
+
+def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path, tmp_path, monkeypatch):
+    """Two runs with vLLM on one worker slot: a second engine in the process that built the first would fail, so
+    the demo completing shows that each run had a process of its own. The figures are left out (the vLLM lane has no
+    matplotlib; the main lane's demo tests draw them)."""
+    monkeypatch.setattr(run, "missing_matplotlib", lambda purpose: None)
+    monkeypatch.setattr(run, "plot", lambda *args: None)
+    monkeypatch.setattr(report, "write_report", lambda folder: SimpleNamespace(png=None, panels=()))
+    output = tmp_path / "demo"
+    demo = DemoArguments(
+        output_dir=str(output),
+        model="smollm2",
+        methods=["grpo", "aent"],
+        max_steps=1,
+        num_prompts=2,
+        num_samples=1,
+        workers=1,
+        model_cache_dir=os.path.dirname(smollm2_path),
+    )
+    run.run_demo(demo)
+    history = json.loads((output / "history.json").read_text())
+    assert history["generator"] == "vllm" and history["versions"]["vllm"] == vllm_version()
+    for name in ("grpo", "aent"):
+        (step,) = history["histories"][name]
+        assert step["sampling/sampling_logp_difference/max"] <= SMOLLM2_GAP_BOUND  # vLLM's log-probs: it sampled
+        assert set(history["all_seeds"]["0"][name]["1"]["correct"]["+"]) <= {0, 1}
