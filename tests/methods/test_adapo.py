@@ -29,12 +29,8 @@ from trl_entropy.methods.adapo import ADAPOConfig, ADAPOController, adapo_contro
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def make_config(tmp_path, **options):
-    return toy_config(ADAPOConfig, tmp_path, **options)
-
-
-def test_config_defaults(tmp_path):
-    config = make_config(tmp_path, num_iterations=2)
+def test_config_defaults():
+    config = toy_config(ADAPOConfig, num_iterations=2)
     assert (config.loss_type, config.epsilon, config.epsilon_high, config.adapo_entropy_target) == (
         "dapo",
         0.2,
