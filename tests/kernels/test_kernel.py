@@ -87,16 +87,8 @@ def check_against_float64(hidden, weight, bias, targets, rtol=1e-5, grad_rtol=1e
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
 def test_matches_float64_fp32(clamp_fraction, temperature, chunk_size):
-    hidden, weight, bias, targets = make_inputs()
     check_against_float64(
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature=temperature,
-        clamp_fraction=clamp_fraction,
-        chunk_size=chunk_size,
-        backend="torch",
+        *make_inputs(), temperature=temperature, clamp_fraction=clamp_fraction, chunk_size=chunk_size, backend="torch"
     )
 
 
@@ -107,12 +99,8 @@ def test_softcap_and_logit_scale_match_float64(softcap, logit_scale, clamp_fract
     """TRL's logit map: ``softcap * tanh(scale * logits / softcap) / T``. The logits here have a std of ~3, so a cap
     of 2 bends most of them (``1 - tanh^2`` spans ~0.01-1) and the scale changes every gradient: dropping either
     factor from the backward, or applying them in the wrong order, fails this test."""
-    hidden, weight, bias, targets = make_inputs(seed=13)
     check_against_float64(
-        hidden,
-        weight,
-        bias,
-        targets,
+        *make_inputs(seed=13),
         temperature=0.7,
         clamp_fraction=clamp_fraction,
         chunk_size=7,
@@ -143,9 +131,8 @@ def test_without_bias(clamp_fraction):
 @pytest.mark.parametrize("used", [s for r in (1, 2, 3) for s in itertools.combinations(OUTPUTS, r)])
 @pytest.mark.parametrize("clamp_fraction", [0.0, 0.3])
 def test_every_subset_of_outputs_in_the_loss(used, clamp_fraction):
-    hidden, weight, bias, targets = make_inputs(seed=3)
     check_against_float64(
-        hidden, weight, bias, targets, used=used, seed=7, temperature=1.3, clamp_fraction=clamp_fraction, chunk_size=6
+        *make_inputs(seed=3), used=used, seed=7, temperature=1.3, clamp_fraction=clamp_fraction, chunk_size=6
     )
 
 
@@ -154,14 +141,10 @@ def test_every_subset_of_outputs_in_the_loss(used, clamp_fraction):
 def test_bf16_inputs_accumulate_in_fp32(clamp_fraction, logit_map, monkeypatch):
     # Small vocabulary tiles for the fp32 upcast of the weight: 301 columns in tiles of 64 (the last one partial).
     monkeypatch.setattr(lpe, "UPCAST_TILE_BYTES", 64 * 4 * D)
-    hidden, weight, bias, targets = make_inputs(dtype=torch.bfloat16, seed=5)
     # The bf16 values are exact in float64: fp32 accumulation gives fp32-accurate outputs (rounding the logits to bf16
     # anywhere would show up as ~1e-2 errors); the gradients come back in bf16 (one final rounding).
     check_against_float64(
-        hidden,
-        weight,
-        bias,
-        targets,
+        *make_inputs(dtype=torch.bfloat16, seed=5),
         grad_rtol=1e-2,
         temperature=0.7,
         clamp_fraction=clamp_fraction,
@@ -640,8 +623,7 @@ def test_backward_in_token_blocks_matches_float64(used, kwargs, logit_shapes, mo
     monkeypatch.setattr(lpe, "BACKWARD_TOKEN_BLOCK", 16)
     monkeypatch.setattr(lpe, "BACKWARD_MIN_WIDTH", 256)
     shapes = logit_shapes
-    hidden, weight, bias, targets = make_inputs(n=50, vocab=700, seed=21)
-    check_against_float64(hidden, weight, bias, targets, used=used, chunk_size=7, backend="torch", **kwargs)
+    check_against_float64(*make_inputs(n=50, vocab=700, seed=21), used=used, chunk_size=7, backend="torch", **kwargs)
     backward = shapes[math.ceil(50 / 7) :]
     assert backward == [(rows, width) for rows in (16, 16, 16, 2) for width in (256, 256, 188)], backward
 

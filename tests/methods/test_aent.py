@@ -59,12 +59,8 @@ def token_mean(values, mask):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def make_config(tmp_path, **options):
-    return toy_config(AEntConfig, tmp_path, **options)
-
-
-def test_config_defaults_are_the_reference_values(tmp_path):
-    config = make_config(tmp_path)
+def test_config_defaults_are_the_reference_values():
+    config = toy_config(AEntConfig)
     assert config.aent_clamp_fraction == 0.3
     assert config.aent_coef_init == 2e-4
     assert config.aent_entropy_low == 0.05
@@ -80,11 +76,11 @@ def test_config_defaults_are_the_reference_values(tmp_path):
             assert spec.metadata.get("help"), f"{name} has no help"
 
 
-def test_config_accepts_edge_values(tmp_path):
+def test_config_accepts_edge_values():
     # p = 0 (full entropy), an empty band, a degenerate box, α = 0; λ_0 outside the box with a fixed coefficient.
-    make_config(tmp_path, aent_clamp_fraction=0.0, aent_entropy_low=0.1, aent_entropy_high=0.1, aent_coef_lr=0.0)
-    make_config(tmp_path, aent_coef_min=1e-3, aent_coef_max=1e-3, aent_coef_init=1e-3)
-    make_config(tmp_path, aent_adaptive=False, aent_coef_init=0.05)
+    toy_config(AEntConfig, aent_clamp_fraction=0.0, aent_entropy_low=0.1, aent_entropy_high=0.1, aent_coef_lr=0.0)
+    toy_config(AEntConfig, aent_coef_min=1e-3, aent_coef_max=1e-3, aent_coef_init=1e-3)
+    toy_config(AEntConfig, aent_adaptive=False, aent_coef_init=0.05)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -365,11 +361,11 @@ WORKED = dict(aent_entropy_low_final=0.02, aent_entropy_high_final=0.1, aent_coe
 
 @pytest.mark.parametrize("kind", ["linear", "cosine"])
 @pytest.mark.parametrize("decay", [None, 450])
-def test_the_band_and_box_at_each_step_are_the_formula(kind, decay, tmp_path):
+def test_the_band_and_box_at_each_step_are_the_formula(kind, decay):
     from trl_entropy.methods.aent import AENT_BOUNDS
 
     options = dict(aent_schedule=kind, aent_schedule_warmup_steps=100, aent_schedule_decay_steps=decay, **WORKED)
-    config = make_config(tmp_path, aent_coef_min=0.0, aent_coef_init=0.0, **options)
+    config = toy_config(AEntConfig, aent_coef_min=0.0, aent_coef_init=0.0, **options)
     options["aent_coef_min"] = 0.0
     for s in [0, 1, 50, 99, 100, 101, 325, 550, 775, 999, 1000, 1200]:
         got = tuple(AENT_BOUNDS.values(config, s, 1000, num_iterations=1).values())
@@ -380,24 +376,24 @@ def test_the_band_and_box_at_each_step_are_the_formula(kind, decay, tmp_path):
         assert AENT_BOUNDS.values(config, 999, 1000, 1)["aent_coef_max"] == pytest.approx(3e-3 / 900)
 
 
-def test_the_generation_cycle_clock_moves_the_bounds_once_per_cycle(tmp_path):
+def test_the_generation_cycle_clock_moves_the_bounds_once_per_cycle():
     """Three optimizer steps per cycle (steps_per_generation 3, accumulation 1): the clock is floor(s / 3) of 4."""
     from trl_entropy.methods.aent import AENT_BOUNDS
 
     options = dict(aent_schedule="linear", aent_entropy_low_final=0.01)
-    config = make_config(tmp_path, entropy_schedule_unit="generation_cycle", steps_per_generation=3, **options)
+    config = toy_config(AEntConfig, entropy_schedule_unit="generation_cycle", steps_per_generation=3, **options)
     lows = [AENT_BOUNDS.values(config, s, 12, 1)["aent_entropy_low"] for s in range(7)]
     expected = [reference_bounds(options, s // 3, 4)[0] for s in range(7)]
     assert lows == pytest.approx(expected, rel=1e-12) and lows[0] == lows[2] != lows[3]
 
 
-def test_an_unknown_run_length_needs_the_decay_steps(tmp_path):
+def test_an_unknown_run_length_needs_the_decay_steps():
     from trl_entropy.methods.aent import AENT_BOUNDS
 
-    config = make_config(tmp_path, aent_schedule="linear", aent_coef_max_final=1e-3)
+    config = toy_config(AEntConfig, aent_schedule="linear", aent_coef_max_final=1e-3)
     with pytest.raises(ValueError, match="aent_schedule_decay_steps"):
         AENT_BOUNDS.values(config, 3, -1, 1)
-    config = make_config(tmp_path, aent_schedule="linear", aent_coef_max_final=1e-3, aent_schedule_decay_steps=10)
+    config = toy_config(AEntConfig, aent_schedule="linear", aent_coef_max_final=1e-3, aent_schedule_decay_steps=10)
     assert AENT_BOUNDS.values(config, 5, -1, 1)["aent_coef_max"] == pytest.approx(3e-3 + (1e-3 - 3e-3) * 0.5)
 
 
@@ -439,14 +435,14 @@ def test_the_coefficient_is_clamped_into_the_box_and_the_update_uses_the_steps_b
         ({"aent_schedule": "linear", "aent_coef_min_final": 4e-3}, "aent_coef_min_final=0.004 is above aent_coef_max"),
     ],
 )
-def test_a_bad_band_or_box_schedule_is_refused_naming_its_fields(options, message, tmp_path):
+def test_a_bad_band_or_box_schedule_is_refused_naming_its_fields(options, message):
     with pytest.raises(ValueError, match=message):
-        make_config(tmp_path, **options)
+        toy_config(AEntConfig, **options)
 
 
-def test_a_band_and_box_schedule_in_order_at_both_ends_is_accepted(tmp_path):
-    make_config(
-        tmp_path,
+def test_a_band_and_box_schedule_in_order_at_both_ends_is_accepted():
+    toy_config(
+        AEntConfig,
         aent_schedule="cosine",
         aent_entropy_low_final=0.3,  # the band moves up past the old H_high, in order at both ends
         aent_entropy_high_final=0.5,

@@ -166,7 +166,7 @@ def test_the_floor_on_the_largest_estimate_keeps_small_estimates_near_one():
     assert weights.min() > 0.8
 
 
-def test_a_non_finite_estimate_counts_as_zero_and_is_counted(toy_model_path, toy_tokenizer, tmp_path):
+def test_a_non_finite_estimate_counts_as_zero_and_is_counted():
     """An infinite rollout entropy (a corrupted batch) gives a non-finite Ω: weight as Ω = 0, logged as a fraction."""
     omega, finite = steer_omega(
         torch.log(torch.tensor([[0.5, 0.5]])),

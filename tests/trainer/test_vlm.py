@@ -217,15 +217,20 @@ def test_two_images_per_prompt_are_scored_alike_by_slice_and_by_micro_batch(fami
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def image_question_trainer(model, processing_class, output_dir):
+    """The base on four image questions."""
+    return EntropyGRPOTrainer(
+        model=model,
+        reward_funcs=answer_reward,
+        args=EntropyGRPOConfig(output_dir=str(output_dir), report_to=[], use_cpu=True, num_generations=4),
+        train_dataset=image_question_dataset(4),
+        processing_class=processing_class,
+    )
+
+
 def test_image_column_for_a_text_only_model_is_refused(toy_model_path, toy_tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"train_dataset has an 'image' column, but LlamaForCausalLM .* text-only"):
-        EntropyGRPOTrainer(
-            model=toy_model_path,
-            reward_funcs=answer_reward,
-            args=EntropyGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, num_generations=4),
-            train_dataset=image_question_dataset(4),
-            processing_class=toy_tokenizer,
-        )
+        image_question_trainer(toy_model_path, toy_tokenizer, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -288,13 +293,7 @@ def test_vlm_without_a_findable_lm_head_is_refused(tmp_path):
     model, processor = build_vlm("qwen2_vl")
     backbone = Qwen2VLModel(model.config)
     with pytest.raises(ValueError, match=r"Qwen2VLModel has no output embedding.*AutoModelForImageTextToText"):
-        EntropyGRPOTrainer(
-            model=backbone,
-            reward_funcs=answer_reward,
-            args=EntropyGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, num_generations=4),
-            train_dataset=image_question_dataset(4),
-            processing_class=processor,
-        )
+        image_question_trainer(backbone, processor, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
