@@ -6,6 +6,16 @@ import math
 import torch
 
 
+def kernel_inputs(n, d, vocab, dtype=torch.float32, seed=0, bias=True, scale=1.0, weight_scale=0.7):
+    """Random ``(hidden, weight, bias, targets)`` for the kernel, drawn in float64 and cast to ``dtype``: tie-free
+    logits with a spread of about ``sqrt(d) * weight_scale * scale``."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(n, d, generator=g, dtype=torch.float64) * scale).to(dtype)
+    weight = (torch.randn(vocab, d, generator=g, dtype=torch.float64) * weight_scale).to(dtype)
+    b = (torch.randn(vocab, generator=g, dtype=torch.float64) * 0.5).to(dtype) if bias else None
+    return hidden, weight, b, torch.randint(0, vocab, (n,), generator=g)
+
+
 def float64_logits(hidden, weight, bias=None, temperature=1.0, logit_scale=1.0, final_logit_softcapping=None):
     """The LM head's logits as the kernel's logit map makes them: bias, scale, soft-cap, then the temperature."""
     z = hidden @ weight.T

@@ -2,6 +2,7 @@
 
 import ast
 import contextlib
+import functools
 import itertools
 import math
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from _reference.cpu_emulation import TensorAllocations, emulate_fp32_output_gemm
-from _reference.float64_reference import reference
+from _reference.float64_reference import kernel_inputs, reference
 from _reference.grad_tile_rounding import check_grad_tile_rounds_like_torch
 from _reference.kernel_reference import naive_logprob_entropy
 
@@ -26,13 +27,7 @@ REFERENCE_KWARGS = ("temperature", "clamp_fraction", "logit_scale", "final_logit
 # ---------------------------------------------------------------------------------------------------------------------
 # Independent float64 reference
 # ---------------------------------------------------------------------------------------------------------------------
-def make_inputs(dtype=torch.float32, n=N, d=D, vocab=V, seed=0, bias=True, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    hidden = (torch.randn(n, d, generator=g, dtype=torch.float64) * scale).to(dtype)
-    weight = (torch.randn(vocab, d, generator=g, dtype=torch.float64) * 0.7).to(dtype)
-    b = (torch.randn(vocab, generator=g, dtype=torch.float64) * 0.5).to(dtype) if bias else None
-    targets = torch.randint(0, vocab, (n,), generator=g)
-    return hidden, weight, b, targets
+make_inputs = functools.partial(kernel_inputs, n=N, d=D, vocab=V)
 
 
 def run_both(hidden, weight, bias, targets, *, used=OUTPUTS, seed=1, **kwargs):

@@ -6,13 +6,14 @@ runs this file's ``interpreted`` tests in a pytest subprocess with it set (they 
 ``TRITON_INTERPRET=1``).
 """
 
+import functools
 import math
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from _reference.float64_reference import float64_logits
+from _reference.float64_reference import float64_logits, kernel_inputs
 from _support.interpreter import rerun_under_the_interpreter
 
 from trl_entropy.kernels import _top_p, chunked_logprob_entropy
@@ -56,14 +57,8 @@ def top_p_reference(z, top_p, top_k=None, include_crossing=False):
     return entropy, size.to(torch.float64), margin
 
 
-def make_inputs(n=N, d=D, vocab=V, seed=0, scale=1.0):
-    """Random tie-free rows: ``z`` has a spread of ~3 * ``scale`` (peaked rows at 1, flat ones at 0.1)."""
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, d, generator=g, dtype=torch.float64) * scale
-    weight = torch.randn(vocab, d, generator=g, dtype=torch.float64) * 0.7
-    bias = torch.randn(vocab, generator=g, dtype=torch.float64) * 0.5
-    targets = torch.randint(0, vocab, (n,), generator=g)
-    return hidden.float(), weight.float(), bias.float(), targets
+# Random tie-free rows: ``z`` has a spread of ~3 * ``scale`` (peaked rows at 1, flat ones at 0.1).
+make_inputs = functools.partial(kernel_inputs, n=N, d=D, vocab=V)
 
 
 def close(actual, expected, what, rtol=1e-5):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from _reference.clamp_boundary import TIE_CASES, check_clamp_on_ties
-from _reference.float64_reference import reference
+from _reference.float64_reference import kernel_inputs, reference
 from _reference.grad_tile_rounding import check_grad_tile_rounds_like_torch
 from _support.interpreter import reduce_xor_sums_with_numpy, use_interpreter_tiles
 from _support.watchdog import run_watched
@@ -54,12 +54,7 @@ def _load_kernels_standalone():
     return module
 
 
-def _inputs(dtype=torch.float32, n=8, d=32, vocab=300, seed=0, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, d, generator=g, dtype=torch.float64).to(dtype)
-    weight = (torch.randn(vocab, d, generator=g, dtype=torch.float64) * 0.5).to(dtype)
-    b = (torch.randn(vocab, generator=g, dtype=torch.float64) * 0.5).to(dtype) if bias else None
-    return hidden, weight, b, torch.randint(0, vocab, (n,), generator=g)
+_inputs = functools.partial(kernel_inputs, n=8, d=32, vocab=300, weight_scale=0.5)
 
 
 def _close(actual, expected, rtol, what):
