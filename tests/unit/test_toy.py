@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 from _support.grpo import TOY_CACHE
-from _support.watchdog import join_watched
+from _support.watchdog import run_together
 
 from trl_entropy.toy import (
     TOY_ALPHABET,
@@ -269,7 +269,6 @@ def test_policy_warm_started_on_two_tasks_is_cached_apart(tmp_path):
 
 def test_concurrent_processes_warm_start_a_policy_once(tmp_path, monkeypatch):
     import importlib
-    import multiprocessing
 
     module = importlib.import_module("trl_entropy.toy.warm_start")
     real, log = module._warm_start_into, tmp_path / "warm_starts.log"
@@ -280,18 +279,10 @@ def test_concurrent_processes_warm_start_a_policy_once(tmp_path, monkeypatch):
         real(*arguments)
 
     monkeypatch.setattr(module, "_warm_start_into", logged)  # the forked callers inherit it
-    context = multiprocessing.get_context("fork")
-    start = context.Barrier(2)
-
-    def caller():
-        start.wait()
-        build_toy_policy(seed=1, warm_start_steps=10, cache_dir=tmp_path / "cache")
-
-    callers = [context.Process(target=caller) for _ in range(2)]
-    for process in callers:
-        process.start()
-    join_watched(callers, "two concurrent build_toy_policy callers")
-    assert [process.exitcode for process in callers] == [0, 0]
+    run_together(
+        lambda: build_toy_policy(seed=1, warm_start_steps=10, cache_dir=tmp_path / "cache"),
+        "two concurrent build_toy_policy callers",
+    )
     assert log.read_text() == "warm start\n"  # the second caller waited for the first one's copy
     assert (tmp_path / "cache" / f"toy_policy_v1_seed1_steps10_{cpu_path()}" / "config.json").exists()
 
