@@ -4,6 +4,7 @@ worker process of their own."""
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -42,9 +43,9 @@ def test_held_out_sampling_takes_the_settings_trl_gives_generate(toy_model_path,
 
 
 def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path, tmp_path, monkeypatch):
-    """Two runs with vLLM on one worker slot: a second engine in the process that built the first would fail, so
-    the demo completing shows that each run had a process of its own. The figures are left out (the vLLM lane has no
-    matplotlib; the main lane's demo tests draw them)."""
+    """Two runs with vLLM and the start policy's evaluation on one worker slot: each vLLM run trains in a worker
+    process started for it (the worker's log names its process and its jobs). The figures are left out (the vLLM lane
+    has no matplotlib; the main lane's demo tests draw them)."""
     monkeypatch.setattr(run, "missing_matplotlib", lambda purpose: None)
     monkeypatch.setattr(run, "plot", lambda *args: None)
     monkeypatch.setattr(report, "write_report", lambda folder: SimpleNamespace(png=None, panels=()))
@@ -60,6 +61,10 @@ def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path
         model_cache_dir=os.path.dirname(smollm2_path),
     )
     run.run_demo(demo)
+    ran = re.findall(
+        r"^\[demo worker (\d+)\] seed 0 / (\w+) / phase", (output / "logs" / "worker0.txt").read_text(), re.M
+    )
+    assert sorted(name for _, name in ran) == ["aent", "grpo", "start"] and len({pid for pid, _ in ran}) == 3
     history = json.loads((output / "history.json").read_text())
     assert history["generator"] == "vllm" and history["versions"]["vllm"] == vllm_version()
     for name in ("grpo", "aent"):

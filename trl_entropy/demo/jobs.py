@@ -34,8 +34,8 @@ class Job:
 
     @property
     def own_process(self) -> bool:
-        """Whether the job needs a fresh process: a vLLM engine per process (a second one in a process that built one
-        fails where TRL wraps the model for DDP)."""
+        """Whether the job needs a fresh process: one vLLM engine per process, what TRL's colocate mode is made for
+        (it starts the engine's process group inside the training process)."""
         return self.generator == "vllm"
 
     @property

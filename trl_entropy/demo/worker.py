@@ -1,5 +1,6 @@
 """A worker process of the demo (``python -m trl_entropy.demo.worker``): runs each job whose file path arrives on
-stdin, one per line, until stdin closes; prints ``step`` per optimizer step and ``done`` per job."""
+stdin, one per line, until stdin closes; prints ``step`` per optimizer step and ``done`` per job, and to its log
+(stderr) its process id and each job's key as the job starts."""
 
 import json
 import os
@@ -15,6 +16,7 @@ def serve_jobs() -> None:
     for line in sys.stdin:
         with open(line.strip()) as file:
             job = Job(**json.load(file))
+        print(f"[demo worker {os.getpid()}] {job.key}", file=sys.stderr, flush=True)  # the log says who ran what
         result = run_job(job, report=lambda: print("step", flush=True))
         with open(job.result_path + ".tmp", "w") as file:
             json.dump(result, file)
