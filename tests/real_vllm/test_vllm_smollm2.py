@@ -4,12 +4,12 @@ from the weights it trained.
 
 The engine computes in fp32 like the trainer, and without ``torch.compile``. In fp32 the two score a sampled token
 alike (0.00002 apart at most, measured over every method's steps), so the toy's bound on the sampling gap holds here
-too, and a missing sync stands out by far more (9.5 after the first update). By default vLLM's CPU build downcasts
-the fp32 checkpoint to bf16, where each update smaller than bf16's resolution is rounded away on sync and the gap
-grows with the updates (0.85 at the third step of one method): ``test_vllm_sync.py`` trains SmolLM2 on that default
-engine, compiled, against its own bound. Without ``torch.compile`` an engine starts in 5 s instead of 40 s, which is
-what lets the whole registry fit in CI's vLLM lane; the recipe is small for the same reason (one group of 4
-completions of at most 4 tokens per step, 3 steps).
+too, and a planted missing sync stands out by far more (5 to 12 after an update). By default vLLM's CPU build
+downcasts the fp32 checkpoint to bf16, every synced weight rounded to bf16 too; there the gap grew with the updates
+(up to 0.85 at the third step of one method, where a missing sync gives 4 to 10): ``test_vllm_sync.py`` trains
+SmolLM2 on that default engine, compiled, against its own bound. Without ``torch.compile`` an engine starts in 5 s
+instead of 40 s, which is what lets the whole registry fit in CI's vLLM lane; the recipe is small for the same reason
+(one group of 4 completions of at most 4 tokens per step, 3 steps).
 """
 
 import math
