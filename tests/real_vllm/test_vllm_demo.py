@@ -5,6 +5,7 @@ worker process of their own."""
 import json
 import os
 import re
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ from trl_entropy.core.trl.vllm import vllm_version
 from trl_entropy.demo import run
 from trl_entropy.demo.arguments import DemoArguments
 from trl_entropy.demo.jobs import transformers_sampling
+from trl_entropy.demo.scheduler import engine_port
 
 
 def test_auto_picks_vllm_for_the_pretrained_model_only():
@@ -40,6 +42,16 @@ def test_held_out_sampling_takes_the_settings_trl_gives_generate(toy_model_path,
         assert not trainer.use_vllm
         assert (trainer.generation_kwargs, trainer.generation_config.to_dict()) == expected
     assert trainer.use_vllm and not hasattr(trainer, "generation_config")
+
+
+def test_each_demo_worker_gets_a_port_of_its_own_for_vllms_process_group():
+    taken: set[int] = set()
+    first, second = engine_port(taken), engine_port(taken)
+    assert first != second and taken == {first, second}
+    with socket.socket() as busy:
+        busy.bind(("localhost", first))
+        busy.listen()
+        assert engine_port(set()) != first
 
 
 def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ runs in a worker process started for it alone (``Job.own_process``)."""
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +14,24 @@ from pathlib import Path
 
 from .jobs import Job, run_job
 from .models import TASK_A, TASK_B
+
+
+def engine_port(taken: set[int]) -> int:
+    """A free port that no other worker of this demo was given, below Linux's ephemeral range (where no outgoing
+    connection takes it), added to ``taken``. TRL's colocate mode starts vLLM's process group on ``MASTER_PORT``, or
+    else on the first of a few fixed ports that is free when it looks: two workers starting at once would both take
+    29500."""
+    for port in range(29500, 32768):
+        if port in taken:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("localhost", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise RuntimeError("no free port in 29500..32767 for a demo worker's vLLM engine")
 
 
 def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
@@ -58,6 +77,7 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     processes: list[subprocess.Popen] = []
     retired: list[subprocess.Popen] = []  # told to exit
+    ports: set[int] = set()  # MASTER_PORT of each worker started, a port of its own
     assigned: dict[int, Job] = {}
 
     def watch(index: int, process: subprocess.Popen) -> None:
@@ -76,7 +96,7 @@ def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: st
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                env=env,
+                env=dict(env, MASTER_PORT=str(engine_port(ports))),
             )
         if index == len(processes):
             processes.append(process)
