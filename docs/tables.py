@@ -1,5 +1,7 @@
-"""The docs' lists of methods, written from the registry: `python docs/tables.py --write` rewrites every generated
-region of README.md and docs/*.md in place, `python docs/tables.py --check` exits non-zero naming the stale ones.
+"""The docs' lists of methods and `EntropyGRPOConfig`'s file, written from the registry: `python docs/tables.py
+--write` rewrites every generated region of README.md and docs/*.md in place, and trl_entropy/methods/combined.py
+(`trl_entropy.methods.selection.combined_source`); `python docs/tables.py --check` exits non-zero naming the stale
+ones.
 
 A region is a whole table, list or line between
 
@@ -24,6 +26,7 @@ from trl_entropy.core.places import PLACES
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods import GRPO, METHODS, SPECS, MethodSpec
 from trl_entropy.methods.compose import controls_entropy
+from trl_entropy.methods.selection import combined_source
 from trl_entropy.report import controller_panels, entropy_targets
 
 
@@ -35,6 +38,7 @@ REGION = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 FIX = "python docs/tables.py --write"
+COMBINED_CONFIG = "trl_entropy/methods/combined.py"
 
 
 def documents() -> list[Path]:
@@ -304,6 +308,11 @@ def stale_regions() -> list[str]:
     return stale
 
 
+def combined_config_stale() -> bool:
+    """Whether trl_entropy/methods/combined.py differs from what the registry gives."""
+    return (ROOT / COMBINED_CONFIG).read_text() != combined_source()
+
+
 def write_regions() -> list[str]:
     """Rewrite every stale region; ``file: region`` for each one rewritten."""
     written = []
@@ -322,13 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 naming the stale regions")
     args = parser.parse_args(argv)
     try:
-        stale = stale_regions()
+        stale = stale_regions() + ([f"{COMBINED_CONFIG}: EntropyGRPOConfig"] if combined_config_stale() else [])
     except ValueError as error:
         print(f"docs/tables.py: {error}", file=sys.stderr)
         return 2
     if args.write:
         for region in write_regions():
             print(f"wrote {region}")
+        if combined_config_stale():
+            (ROOT / COMBINED_CONFIG).write_text(combined_source())
+            print(f"wrote {COMBINED_CONFIG}: EntropyGRPOConfig")
         unplaced = [region for region in stale_regions() if region.startswith("no document")]
         for region in unplaced:
             print(region, file=sys.stderr)

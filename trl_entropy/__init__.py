@@ -16,7 +16,7 @@ _PUBLIC = {
     "CompletionBatch": ".core.batch",
     "EntropyGRPOConfig": ".methods",  # from the registry, which lets them combine methods (entropy_control)
     "Controller": ".core.control",
-    "EntropyGRPOTrainer": ".methods",
+    "EntropyGRPOTrainer": ".core.trainer",
     "EntropyLaw": ".evaluation",
     "EntropyLawCallback": ".evaluation",
     "PassAtKCallback": ".evaluation",

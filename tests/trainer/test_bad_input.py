@@ -242,14 +242,26 @@ def test_every_field_of_our_configs_has_an_invalid_value_test():
 
 
 def test_the_config_of_every_method_checks_each_field_by_its_methods_rule():
-    """EntropyGRPOConfig's copy of each method's field carries that method's rule, so the cases above cover it."""
+    """EntropyGRPOConfig's field of each method carries that method's rule (its range, choices, flag and note), so the
+    cases above cover it, and takes None besides: not set, the selected method's default, which a field left at None
+    takes when its method is selected."""
     base = EntropyGRPOBaseConfig.__dataclass_fields__
     copies = [name for name in EntropyGRPOConfig.__dataclass_fields__ if name not in base]
     assert copies and set(copies) == set(FIELD_OWNERS)
     for name in copies:
         owner = METHODS[FIELD_OWNERS[name][0]].config_class
-        assert field_rule(EntropyGRPOConfig, name) is field_rule(owner, name), name
-        assert EntropyGRPOConfig.__dataclass_fields__[name].default == owner.__dataclass_fields__[name].default
+        ours, theirs = field_rule(EntropyGRPOConfig, name), field_rule(owner, name)
+        assert dataclasses.replace(ours, none_means=None) == dataclasses.replace(theirs, none_means=None), name
+        assert ours.none_means == theirs.none_means or theirs.none_means is None and "default" in ours.none_means
+        assert EntropyGRPOConfig.__dataclass_fields__[name].default is None
+    for name, entry in METHODS.items():
+        if entry.config_class is EntropyGRPOBaseConfig:
+            continue
+        selected = config(EntropyGRPOConfig, entropy_control=[name])
+        for item in dataclasses.fields(entry.config_class):
+            if item.name in FIELD_OWNERS:
+                default = entry.defaults.get(item.name, item.default)
+                assert getattr(selected, item.name) == default, (name, item.name)
 
 
 def test_valid_defaults_are_accepted():

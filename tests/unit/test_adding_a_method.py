@@ -60,7 +60,7 @@ def ship_into(package: Path, page: str, name: str) -> None:
     step = page.split("2. **The registry**", 1)[1].split("\n3. ", 1)[0]
     (import_line,) = re.findall(r"`(from \.<name> import SPEC as _<name>)`", step)
     (entry,) = re.findall(r"`(_<name>)` in `SPECS`", step)
-    registry = package / "methods" / "__init__.py"
+    registry = package / "methods" / "registry.py"
     text = registry.read_text()
     imports = re.findall(r"^from \.\w+ import SPEC as _\w+$", text, re.MULTILINE)
     assert imports, "the registry imports no declaration as the page says"
@@ -86,24 +86,19 @@ def ship_docs_into(root: Path, page: str, name: str) -> None:
     (root / "docs" / f"{name}.md").write_text(f"# {name}\n\n## Loss types\n\nEvery loss type.\n")
 
 
-# Run in the copy: the docs' generator, as "Shipping it" runs it, writes the method into every list, after which the
-# lists are up to date; the method is registered and public, --method names it alone and combined, and a combination
-# with a method of another axis (OTHER, a method of the advantages' axis) trains, each method logging its own metric.
+# Run in the copy, after the generator's command (as "Shipping it" runs it, in a process of its own) wrote the method
+# into every list and into EntropyGRPOConfig's file: the method is registered and public, --method names it alone and
+# combined, and a combination with a method of another axis (OTHER, a method of the advantages' axis) trains, each
+# method logging its own metric.
 SCRIPT = """
-import contextlib, io, json, os, runpy, sys
+import json, sys
 import trl_entropy
 from trl_entropy.methods import FIELD_OWNERS, METHODS, combination
 from trl_entropy.scripts.train_arguments import parse_arguments
 from trl_entropy.toy import build_toy_dataset, build_toy_policy, toy_reward
 
-_, toy_cache, output_dir, other, docs_arguments = sys.argv
+_, toy_cache, output_dir, other = sys.argv
 assert trl_entropy.__file__.startswith(sys.path[0]), trl_entropy.__file__
-generator = runpy.run_path(os.path.join(os.getcwd(), "docs", "tables.py"))  # the copy's
-with contextlib.redirect_stderr(io.StringIO()) as before:
-    stale_before = generator["main"](["--check"])
-with contextlib.redirect_stdout(io.StringIO()) as written:
-    write = generator["main"](json.loads(docs_arguments))
-stale_after = generator["main"](["--check"])
 floor = METHODS["floor"]
 assert floor.trainer_class is trl_entropy.EntropyFloorTrainer and FIELD_OWNERS["floor_gain"] == ["floor"]
 _, script_args, training_args, _ = parse_arguments(
@@ -135,7 +130,6 @@ trainer = trl_entropy.EntropyGRPOTrainer(
 trainer.train()
 logged = {key for entry in trainer.state.log_history for key in entry}
 print(json.dumps({
-    "docs": [stale_before, before.getvalue().splitlines(), write, written.getvalue().splitlines(), stale_after],
     "parts": [part.key for part in trainer.parts],
     "coef": trainer.controllers["floor"].value,
     "logged": sorted(key for key in logged if key.startswith(("floor/", f"{other}/"))),
@@ -151,22 +145,23 @@ def test_the_walk_through_method_ships_by_the_pages_steps_and_trains_combined(tm
     ship_into(copy, page, "floor")
     ship_docs_into(tmp_path, page, "floor")
     environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    command = [TOY_CACHE, str(tmp_path / "run"), OTHER.key, json.dumps(docs_command(page))]
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), *command],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*arguments):
+        return subprocess.run(arguments, cwd=tmp_path, env=environment, capture_output=True, text=True)
+
+    generator = [sys.executable, "docs/tables.py"]  # the copy's
+    before, write, after = run(*generator, "--check"), run(*generator, *docs_command(page)), run(*generator, "--check")
+    # Every list of methods, and EntropyGRPOConfig's file, was stale until the page's command wrote the method in, and
+    # is up to date after it.
+    assert (before.returncode, write.returncode, after.returncode) == (1, 0, 0), (before.stderr, write.stderr)
+    written = {line.removeprefix("wrote ") for line in write.stdout.splitlines()}
+    assert {line.removeprefix("stale: ") for line in before.stderr.splitlines()[:-1]} == written
+    assert {"README.md: trainers", "README.md: method-names", "docs/README.md: method-pages"} <= written
+    assert "trl_entropy/methods/combined.py: EntropyGRPOConfig" in written
+    assert "    EntropyFloorConfig,\n" in (tmp_path / "trl_entropy" / "methods" / "combined.py").read_text()
+    result = run(sys.executable, "-c", textwrap.dedent(SCRIPT), TOY_CACHE, str(tmp_path / "run"), OTHER.key)
     assert result.returncode == 0, result.stderr[-4000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    stale_before, stale_regions, write, written, stale_after = outcome["docs"]
-    # Every list of methods was stale until the page's command wrote the method in, and is up to date after it.
-    assert stale_before == 1 and write == 0 and stale_after == 0, outcome["docs"]
-    regions = {line.removeprefix("wrote ") for line in written}
-    assert {line.removeprefix("stale: ") for line in stale_regions[:-1]} == regions
-    assert {"README.md: trainers", "README.md: method-names", "docs/README.md: method-pages"} <= regions
     readme = (tmp_path / "README.md").read_text()
     assert "| `EntropyFloorTrainer` | [floor](docs/floor.md) |" in readme
     assert re.search(r"^`--method [\w|]+\|floor`$", readme, re.MULTILINE)  # the last name, as it is last in SPECS

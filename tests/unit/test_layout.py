@@ -24,11 +24,10 @@ PACKAGE = ROOT / "trl_entropy"
 PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
 TRL_BRIDGE = PACKAGE / "core" / "trl" / "bridge.py"
 METHODS_DIR = ROOT / "trl_entropy" / "methods"
-# Every file of the methods package but the registry, the declarations' vocabulary (spec.py) and the combination of
-# methods (compose.py).
-METHOD_FILES = sorted(
-    path for path in METHODS_DIR.glob("*.py") if path.name not in {"__init__.py", "spec.py", "compose.py"}
-)
+# Every file of the methods package but the registry and its face, the declarations' vocabulary (spec.py) and the
+# combination of methods (compose.py, selection.py and the combined config that selection.py writes).
+INFRASTRUCTURE = {"__init__.py", "registry.py", "spec.py", "compose.py", "selection.py", "combined.py"}
+METHOD_FILES = sorted(path for path in METHODS_DIR.glob("*.py") if path.name not in INFRASTRUCTURE)
 # The registered methods' own modules (cov_selection.py is machinery Clip-Cov and KL-Cov share, not a method).
 METHOD_MODULES = sorted({m.trainer_class.__module__ for m in METHODS.values()} - {EntropyGRPOTrainer.__module__})
 
@@ -278,3 +277,19 @@ def test_nothing_is_written_onto_a_class_at_import():
         if (lines := module_level_writes(tree(path)))
     }
     assert offenders == {}
+
+
+def test_the_combined_config_is_a_plain_dataclass_written_from_the_registry():
+    """EntropyGRPOConfig is a dataclass in a file a reader can open, with the __init__ dataclass writes, and the file
+    is what `python docs/tables.py --write` writes from the registry (a stale file fails here)."""
+    from trl_entropy.methods import SPECS, EntropyGRPOConfig
+    from trl_entropy.methods.selection import combined_source
+
+    path = PACKAGE / "methods" / "combined.py"
+    assert inspect.getsourcefile(EntropyGRPOConfig) == str(path)
+    assert EntropyGRPOConfig.__init__.__qualname__ == "EntropyGRPOConfig.__init__" and "__init__" in vars(
+        EntropyGRPOConfig
+    )
+    bases = {spec.config_class for spec in SPECS} - {EntropyGRPOConfig.__mro__[-1]}
+    assert all(issubclass(EntropyGRPOConfig, config) for config in bases)
+    assert path.read_text() == combined_source(), "methods/combined.py is stale: run python docs/tables.py --write"

@@ -9,7 +9,9 @@ and
   ``method:`` is one of its names, alone or combined (``+``);
 * the tests of methods combined, ``tests/compose/`` and their float64 reference (``COMBINATION_TESTS``), which name
   every method;
-* the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/__init__.py``.
+* the registry's one import line, ``from .<module> import SPEC as ...`` in ``trl_entropy/methods/registry.py``, and
+  what ``python docs/tables.py --write`` writes from the registry into ``trl_entropy/methods/combined.py``: the
+  import of its config and its config among the bases.
 
 A code file is any tracked file but the docs (``*.md``), binaries and the records of runs
 (``benchmarks/results/``). The names are the method's registry names
@@ -182,10 +184,22 @@ def mentions(text: str, name: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) is not None
 
 
+REGISTRY = "trl_entropy/methods/registry.py"
+COMBINED = "trl_entropy/methods/combined.py"
+
+
 def registry_text(spec) -> str:
     """The registry with this method's one import line taken out."""
-    text = (ROOT / "trl_entropy" / "methods" / "__init__.py").read_text()
+    text = (ROOT / REGISTRY).read_text()
     return re.sub(rf"^from \.{module_stem(spec)} import SPEC as \w+\n", "", text, flags=re.MULTILINE)
+
+
+def combined_text(spec) -> str:
+    """The combined config's file with this method's config taken out: its import and its line among the bases."""
+    text = (ROOT / COMBINED).read_text()
+    config = spec.config_class.__name__
+    text = re.sub(rf"^from \.{module_stem(spec)} import {config}\n", "", text, flags=re.MULTILINE)
+    return re.sub(rf"^    {config},\n", "", text, flags=re.MULTILINE)
 
 
 def outside_home() -> dict[str, list[str]]:
@@ -199,8 +213,10 @@ def outside_home() -> dict[str, list[str]]:
         for file, text in texts.items():
             if file in allowed or file.startswith(COMBINATION_TESTS):
                 continue
-            if file == "trl_entropy/methods/__init__.py":
+            if file == REGISTRY:
                 text = registry_text(spec)
+            elif file == COMBINED:
+                text = combined_text(spec)
             found.setdefault(file, set()).update(name for name in names(spec) if mentions(text, name))
     return {file: sorted(held) for file, held in sorted(found.items()) if held}
 
@@ -213,6 +229,7 @@ def test_the_check_sees_a_name_outside_its_home():
     spec = next(spec for spec in SPECS if "aent" in spec.entries())
     assert "from .aent import" not in registry_text(spec)
     assert "from .qae import" in registry_text(spec)
+    assert not mentions(combined_text(spec), "AEntConfig") and mentions(combined_text(spec), "QAEConfig")
 
 
 @pytest.mark.parametrize("spec", [spec for spec in SPECS if spec is not GRPO], ids=lambda spec: spec.key)

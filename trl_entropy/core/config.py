@@ -103,13 +103,16 @@ def config_field(
     choices: tuple[str, ...] | None = None,
     none_means: str | None = None,
     note: str = "",
+    flag: bool | None = None,
 ):
-    """A config field with its ``help`` and the values it accepts: a bool default makes a flag (True or False), a
-    ``valid`` range a number, ``choices`` a string (the command line lists them too)."""
+    """A config field with its ``help`` and the values it accepts: a bool default makes a flag (True or False; ``flag``
+    says so where the default is None), a ``valid`` range a number, ``choices`` a string (the command line lists them
+    too)."""
     metadata = {"help": help} | ({"choices": list(choices)} if choices else {})
     declared = field(default=default, metadata=metadata)
-    if isinstance(default, bool) or valid is not None or choices is not None:
-        FIELD_RULES[declared] = Rule(valid, choices, isinstance(default, bool), none_means, note)
+    flag = isinstance(default, bool) if flag is None else flag
+    if flag or valid is not None or choices is not None:
+        FIELD_RULES[declared] = Rule(valid, choices, flag, none_means, note)
     return declared
 
 

@@ -8,12 +8,11 @@ configs as its bases, so it takes every selected method's fields with their defa
 whose registry name sets no defaults is its own config. docs/composing.md.
 """
 
-from dataclasses import MISSING, Field, field, fields, make_dataclass, replace
+from dataclasses import MISSING, Field, fields, replace
 
-from ..core.config import FIELD_RULES, EntropyGRPOBaseConfig
+from ..core.config import EntropyGRPOBaseConfig
 from ..core.places import AXIS_ORDER, PLACES, Place
 from ..core.trainer import EntropyGRPOTrainer
-from ..core.trl.objectives import LOSS_TYPES
 from .spec import MethodSpec, Neutral
 
 
@@ -103,108 +102,6 @@ def combine(names: tuple[str, ...], registry: dict[str, MethodSpec], config_clas
         exports=(),
         sweep=None,  # a combination sweeps its methods' grids (examples/toy_sweep.py)
     )
-
-
-def methods_config_class(registry: dict[str, MethodSpec]) -> type:
-    """``EntropyGRPOConfig``: the base config with every registered method's fields, each with its help, default and
-    check, training the methods its ``entropy_control`` names (their parts, in axis order). Selected methods' checks
-    and loss-type refusals apply; a field of a method it does not select is refused when set; a field not set takes
-    the default a selected method gives it (its registry name's, or its config's for a field of the base, as ADAPO's
-    ``epsilon_high``)."""
-    base_class = EntropyGRPOBaseConfig
-    base_fields = {item.name: item for item in fields(base_class)}
-    declared: dict[str, Field] = {}
-    for entry in registry.values():
-        for item in fields(entry.config_class):
-            if item.name not in base_fields:
-                declared.setdefault(item.name, item)
-    owners = owners_of_fields(registry)
-    new_fields = []
-    for name, item in declared.items():
-        copy = field(default=item.default, default_factory=item.default_factory, metadata=item.metadata)
-        if item in FIELD_RULES:
-            FIELD_RULES[copy] = FIELD_RULES[item]
-        new_fields.append((name, item.type, copy))
-
-    def selected(config) -> tuple[str, ...]:
-        names = config.entropy_control
-        return () if names is None else in_axis_order(names, registry)
-
-    def select_methods(self) -> None:
-        names = selected(self)
-        chosen = [registry[name] for name in names]
-        # What the caller set (a subclass's own __init__ records nothing: the options that differ from their defaults).
-        options_set = self.__dict__.get("options_set") or {
-            item.name for item in fields(self) if getattr(self, item.name) != default_of(item)
-        }
-        for option, methods in owners.items():
-            if option in options_set and not any(option in e.config_class.__dataclass_fields__ for e in chosen):
-                raise ValueError(
-                    f"{option} is an option of {' or '.join(repr(name) for name in methods)}, which "
-                    f"entropy_control={self.entropy_control!r} does not select: add the method to entropy_control, or "
-                    "leave the option out."
-                )
-        for name, entry in zip(names, chosen, strict=True):  # a name that stands for a choice holds to it
-            for key, value in entry.defaults.items():
-                chooses = "choices" in self.__dataclass_fields__[key].metadata
-                if chooses and key in options_set and getattr(self, key) != value:
-                    refuse_contradicted_name(name, key, getattr(self, key), registry)
-        for key, value in method_defaults(names, chosen).items():
-            if key not in options_set:
-                setattr(self, key, value)
-
-    def method_configs(self) -> list[tuple[str, type]]:
-        return [(name, registry[name].config_class) for name in selected(self)] or [("EntropyGRPO", base_class)]
-
-    def method_label(self) -> str:
-        names = selected(self)
-        if not names:
-            return "EntropyGRPOTrainer"
-        if len(names) == 1 and not registry[names[0]].defaults:
-            return registry[names[0]].trainer_class.__name__
-        return f"Trainer[{SEPARATOR.join(names)}]"
-
-    def model_card(self) -> list | None:
-        chosen = [registry[name] for name in selected(self)]
-        return [(entry.name, entry.paper, entry.tag) for entry in chosen if entry.paper is not None] or None
-
-    def configs(self) -> list[type]:
-        return [registry[name].config_class for name in selected(self)]
-
-    namespace = {
-        "__doc__": "Configuration for [`EntropyGRPOTrainer`]: every field of [`EntropyGRPOBaseConfig`] and every "
-        "method's fields, training the methods `entropy_control` names (docs/composing.md).",
-        "__module__": "trl_entropy.methods",
-        "select_methods": select_methods,
-        "method_configs": method_configs,
-        "method_parts": property(lambda self: tuple(p for c in configs(self) for p in c.method_parts)),
-        "model_card": property(model_card),
-        "method_label": property(method_label),
-        "supported_loss_types": property(
-            lambda self: tuple(t for t in LOSS_TYPES if all(t in c.supported_loss_types for c in configs(self)))
-        ),
-        "controls_clip_range": property(lambda self: any(c.controls_clip_range for c in configs(self))),
-        # TRL's entropy bonus, selected by name, is the base's own config with its coefficient set.
-        "selects_trl_entropy_bonus": property(lambda self: any(c is EntropyGRPOBaseConfig for c in configs(self))),
-    }
-    config_class = make_dataclass("EntropyGRPOConfig", new_fields, bases=(EntropyGRPOBaseConfig,), namespace=namespace)
-    fields_init = config_class.__init__
-
-    def __init__(self, *positional, **options):
-        # What the caller set; where every field is passed (TRL's argument parser passes them all), those that differ
-        # from their defaults.
-        if set(options) >= {item.name for item in fields(config_class) if item.init}:
-            options_set = {
-                key for key, value in options.items() if value != default_of(self.__dataclass_fields__[key])
-            }
-        else:
-            options_set = set(options)
-        self.__dict__["options_set"] = frozenset(options_set)
-        fields_init(self, *positional, **options)
-
-    __init__.__doc__ = fields_init.__doc__
-    config_class.__init__ = __init__
-    return config_class
 
 
 def refuse_contradicted_name(name: str, key: str, value, registry: dict[str, MethodSpec]) -> None:

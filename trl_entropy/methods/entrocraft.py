@@ -174,7 +174,11 @@ class EntrocraftConfig(EntropyGRPOBaseConfig):
                 )
         unused = {"entrocraft_lower_end", "entrocraft_upper_end"} if self.entrocraft_shape == "fixed" else set()
         unused |= {"entrocraft_reward_offset"} if self.entrocraft_variant == "sign" else set()
-        changed = [name for name in sorted(unused) if getattr(self, name) != self.__dataclass_fields__[name].default]
+        changed = [
+            name
+            for name in sorted(unused)
+            if getattr(self, name) != EntrocraftConfig.__dataclass_fields__[name].default
+        ]
         ignored = [f"{name}={getattr(self, name)!r}" for name in changed]
         if ignored:
             raise ValueError(
