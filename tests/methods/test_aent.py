@@ -189,7 +189,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     trl_trainer = toy_trainer_of(TRL, "trl", **SAMPLING, **options)
     ours = toy_trainer_of("aent", "ours", aent_clamp_fraction=clamp_fraction, **SAMPLING, **STRONG, **options)
     inputs = make_grpo_batch(trl_trainer.model, len(toy_tokenizer), seed=11)
-    coef = ours.aent_coef
+    coef = ours.controllers["aent"].value
     assert coef == STRONG["aent_coef_init"]
 
     # One kernel call with clamp fraction p per loss (the clamped entropy comes out of the log-prob pass), and the
@@ -241,7 +241,7 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
     assert bonus_norm > 0.01 * trl_norm  # 100 times the relative tolerance
 
     # The loss used λ_0; the cycle completed, so λ moved by the formula with the token-mean statistic.
-    assert ours.aent_coef == pytest.approx(
+    assert ours.controllers["aent"].value == pytest.approx(
         reference_step(
             coef,
             mean_clamped.item(),
@@ -253,9 +253,9 @@ def test_loss_and_gradients_equal_grpo_minus_clamped_entropy_bonus(
         ),
         rel=1e-6,
     )
-    assert ours.aent_coef != coef
+    assert ours.controllers["aent"].value != coef
     metrics = ours._metrics["train"]
-    assert metrics["aent/coef"] == [ours.aent_coef]
+    assert metrics["aent/coef"] == [ours.controllers["aent"].value]
     if clamp_fraction > 0:
         assert metrics["entropy/clamped"] == pytest.approx([mean_clamped.item()], rel=1e-5)
     else:
@@ -320,7 +320,7 @@ def test_train_logs_aent_metrics(warm_toy_policy_path, tmp_path):
     # Below the band at every step: λ rises by α(H_low − H̄) ≥ α(10 − log V) each step.
     rise = E2E["aent_coef_lr"] * (E2E["aent_entropy_low"] - math.log(vocab))
     assert coefs[0] >= E2E["aent_coef_init"] + rise and coefs[1] >= coefs[0] + rise
-    assert coefs[-1] == trainer.aent_coef
+    assert coefs[-1] == trainer.controllers["aent"].value
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -399,16 +399,18 @@ def test_an_unknown_run_length_needs_the_decay_steps():
 
 def test_the_coefficient_is_clamped_into_the_box_and_the_update_uses_the_steps_band():
     controller = AEntController(coef=0.02, **BAND)
-    # Evaluation reads: λ in the box, nothing taken.
-    assert controller.coef_in((0.0, 1.0, 1e-3, 5e-3), keep=False) == 5e-3
+    # The regulariser reads: λ in the box, nothing taken.
+    assert controller.coef_in((0.0, 1.0, 1e-3, 5e-3)) == 5e-3
     assert controller.value == 0.02 and (controller.low, controller.coef_max) == (BAND["low"], BAND["coef_max"])
-    assert controller.coef_in((0.0, 1.0, 0.03, 0.05), keep=False) == 0.03  # raised to λ_min
-    # Training takes the step's band and box and the clamped λ; the update at that step uses them.
+    assert controller.coef_in((0.0, 1.0, 0.03, 0.05)) == 0.03  # raised to λ_min
+    # After a training micro-batch the controller takes the step's band and box and the clamped λ; the update at that
+    # step uses them.
     step_bounds = (0.4, 0.6, 1e-3, 8e-3)
-    assert controller.coef_in(step_bounds, keep=True) == 8e-3 == controller.value
+    controller.take_bounds(step_bounds)
+    assert controller.value == 8e-3 and (controller.low, controller.high) == (0.4, 0.6)
     controller.update(0.1, step=3)  # below the step's band: rises by α(0.4 − 0.1), clipped to the step's λ_max
     assert controller.value == 8e-3
-    controller.coef_in((0.4, 0.6, 1e-3, 1.0), keep=True)
+    controller.take_bounds((0.4, 0.6, 1e-3, 1.0))
     controller.update(0.1, step=4)
     assert controller.value == pytest.approx(reference_step(8e-3, 0.1, 0.4, 0.6, BAND["lr"], 1e-3, 1.0), rel=1e-12)
     controller.update(0.7, step=5)  # above the band: falls by α(0.7 − 0.6), not by α(0.7 − 0.23) of the config's
@@ -564,14 +566,14 @@ def test_a_checkpoint_restores_a_coefficient_only_the_runs_widest_box_holds(toy_
     saved.state.global_step = step
     resumed = toy_trainer_of("aent", "resumed", **SAMPLING, **options)
     resume_from_saved(saved, resumed, str(tmp_path / f"checkpoint-{step}"))
-    assert resumed.aent_coef == coefficient
+    assert resumed.controllers["aent"].value == coefficient
     inputs = make_grpo_batch(resumed.model, len(toy_tokenizer), seed=3)
     losses = []
     for trainer in (saved, resumed):
         trainer.state.max_steps = 4
         set_sync(trainer, False)  # the step's first micro-batch: the cycle's update comes later
         losses.append(trainer.compute_loss(trainer.model, dict(inputs)).item())
-    assert resumed.aent_coef == coefficient and losses[1] == losses[0]
+    assert resumed.controllers["aent"].value == coefficient and losses[1] == losses[0]
     assert resumed._metrics["train"]["aent/coef_max"] == [pytest.approx(coef_max, rel=1e-12)]
 
 

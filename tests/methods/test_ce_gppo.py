@@ -176,9 +176,11 @@ def test_worked_example_loss_gradient_and_metrics_through_the_trainer(example_tr
     metrics = example_trainer._metrics["train"]
     metrics.clear()
     assert example_trainer.clip_range() == (0.2, 0.2)
-    advantages = example_trainer.token_advantages(batch)
+    measured = []
+    advantages = example_trainer.token_advantages(batch, measured)
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = example_trainer.surrogate(batch, ratio, advantages)
+    per_token = example_trainer.surrogate(batch, ratio, advantages, example_trainer.clip_range(), measured)
+    example_trainer.record_metrics(batch.mode, measured)
     total = per_token.mean()  # four valid tokens: the token mean
     total.backward()
     assert total.item() == pytest.approx(EXAMPLE_LOSS, abs=1e-6)

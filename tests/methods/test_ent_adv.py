@@ -125,12 +125,14 @@ def test_worked_example_loss_gradient_and_metrics_through_the_trainer(grpo_train
     stored = batch.group_advantages.clone()
     metrics = grpo_trainer._metrics["train"]
     metrics.clear()
-    advantages = grpo_trainer.token_advantages(batch)
+    measured = []
+    advantages = grpo_trainer.token_advantages(batch, measured)
+    grpo_trainer.record_metrics(batch.mode, measured)
     torch.testing.assert_close(advantages, torch.tensor([EXAMPLE_SHAPED]), rtol=0, atol=1e-6)
     assert not advantages.requires_grad
     assert torch.equal(batch.group_advantages, stored)  # out of place
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = grpo_trainer.surrogate(batch, ratio, advantages)
+    per_token = grpo_trainer.surrogate(batch, ratio, advantages, grpo_trainer.clip_range(), [])
     total = per_token.mean()  # one completion, four valid tokens: grpo's mean per sequence
     total.backward()
     assert total.item() == pytest.approx(loss, abs=1e-6)

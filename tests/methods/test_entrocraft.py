@@ -33,6 +33,7 @@ from _support.grpo import (
 )
 
 from trl_entropy.core.batch import OLD_ENTROPY_KEY, CompletionBatch
+from trl_entropy.core.trainer import LossStep
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.entrocraft import (
     ABOVE,
@@ -184,8 +185,8 @@ def test_worked_example_through_the_trainer(branch, variant, toy_model_path, toy
         mask=torch.tensor(MASK),
         group_advantages=output["advantages"].unsqueeze(1),
     )
-    advantages = trainer.token_advantages(batch)
-    per_token = trainer.surrogate(batch, trainer.ratio(batch), advantages)
+    advantages = trainer.token_advantages(batch, [])
+    per_token = trainer.surrogate(batch, trainer.ratio(batch), advantages, trainer.clip_range(), [])
     _, loss = trainer.aggregate(batch, per_token, {})
     loss.backward()
     expected_loss = EXAMPLE[branch][2] if variant == "code" or branch == INSIDE else SIGN_LOSS[branch]
@@ -262,16 +263,15 @@ def test_the_previous_cycles_entropy_over_its_valid_tokens_decides_the_next_batc
     assert first["advantages"].tolist() == pytest.approx([GRPO_ADVANTAGE, -GRPO_ADVANTAGE], abs=1e-5)
     entropy = torch.tensor(OLD_ENTROPY).masked_fill(~torch.tensor(MASK).bool(), 9.0)
     probabilities = float64(PROBABILITIES).float()
-    trainer.end_micro_batch(
-        CompletionBatch(
-            log_probs=probabilities.log(),
-            old_log_probs=probabilities.log(),
-            entropy=entropy,
-            clamped_entropy=None,
-            mask=torch.tensor(MASK),
-            group_advantages=first["advantages"].unsqueeze(1),
-        )
+    batch = CompletionBatch(
+        log_probs=probabilities.log(),
+        old_log_probs=probabilities.log(),
+        entropy=entropy,
+        clamped_entropy=None,
+        mask=torch.tensor(MASK),
+        group_advantages=first["advantages"].unsqueeze(1),
     )
+    trainer.after_loss_step(LossStep(torch.tensor(0.0), batch, []))
     mean = float((float64(OLD_ENTROPY) * float64(MASK)).sum() / float64(MASK).sum())
     trainer.state.global_step += 1
     trainer.on_rewards(rewards)

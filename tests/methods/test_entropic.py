@@ -23,6 +23,7 @@ from _support.parity import TRL, assert_same_step
 from _support.stand_in_rank import StandInRank
 
 from trl_entropy.core.batch import CompletionBatch
+from trl_entropy.core.trainer import LossStep
 from trl_entropy.core.trl.objectives import LOSS_TYPES
 from trl_entropy.methods.entropic import (
     EntroPICConfig,
@@ -144,24 +145,32 @@ def example_batch(entropy, probabilities=PROBABILITIES):
     )
 
 
+def with_world_means(trainer, batch):
+    """What step 2 of the loss step adds to a training batch: the world means the micro-batch controllers move on."""
+    if batch.mode == "train":
+        batch.world_means = trainer.controller_cycle.micro_batch_means(batch)
+    return batch
+
+
 def loss_step(trainer, batch):
-    """Steps 3 to 12 of the loss step, through the trainer's own helpers (loss_type="grpo": one completion, the token
-    mean)."""
-    token_advantages = trainer.token_advantages(batch)
+    """Steps 3 to 11 of the loss step, through the trainer's own helpers (loss_type="grpo": one completion, the token
+    mean), then what follows the step."""
+    metrics = []
+    batch = with_world_means(trainer, batch)
+    token_advantages = trainer.token_advantages(batch, metrics)
     ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = trainer.surrogate(batch, ratio, token_advantages)
+    per_token = trainer.surrogate(batch, ratio, token_advantages, trainer.clip_range(), metrics)
     policy_loss, loss = trainer.aggregate(batch, per_token, {})
-    trainer.move_micro_batch_controllers(batch)
-    loss = trainer.add_regularisers(batch, loss, policy_loss, None)
-    trainer.end_micro_batch(batch)
+    loss = trainer.add_regularisers(batch, loss, policy_loss, None, metrics)
+    trainer.after_loss_step(LossStep(loss, batch, metrics))
     return loss
 
 
 def loss_step_from_controllers_to_regularisers(trainer, batch):
-    """Steps 10 and 11 of the loss step: the controller moves on the micro-batch, then EntroPIC's term."""
-    trainer.move_micro_batch_controllers(batch)
-    regulariser, metrics = trainer.part("entropic").regulariser(batch)
-    trainer.record_metrics(batch.mode, metrics)
+    """EntroPIC's term on a training micro-batch (its α from the micro-batch's world mean entropy), then what follows
+    the step: the controller moves on that mean."""
+    regulariser, metrics = trainer.part("entropic").regulariser(with_world_means(trainer, batch))
+    trainer.after_loss_step(LossStep(regulariser, batch, list(metrics.items())))
     return regulariser
 
 
@@ -402,7 +411,7 @@ def test_an_empty_high_probability_set_adds_nothing(toy_tokenizer, toy_trainer_o
     assert controller.value == 1.0
     assert ours._metrics["train"]["entropic/high_prob_fraction"] == [0.0]
     batch = example_batch(0.0, probabilities=[0.1, 0.2, 0.3, 0.4])
-    term, _ = ours.part("entropic").regulariser(batch)
+    term, _ = ours.part("entropic").regulariser(with_world_means(ours, batch))
     term.backward()
     assert term.item() == 0.0 and torch.isfinite(batch.log_probs.grad).all() and not batch.log_probs.grad.any()
 

@@ -179,11 +179,13 @@ def example_batch(advantages=ADVANTAGES):
 
 
 def example_loss(trainer, batch, token_advantages):
-    """Steps 5 (surrogate), 7 (gates, ERC's among them) and 9 (aggregation) of the trainer's loss step."""
+    """Steps 6 (surrogate), 8 (gates, ERC's among them) and 10 (aggregation) of the trainer's loss step, and its
+    metrics recorded."""
     trainer._metrics["train"].clear()
-    ratio = torch.exp(batch.log_probs - batch.old_log_probs)
-    per_token = trainer.surrogate(batch, ratio, token_advantages)
-    per_token = trainer.apply_gates(batch, ratio, token_advantages, per_token, {})
+    ratio, measured = torch.exp(batch.log_probs - batch.old_log_probs), []
+    per_token = trainer.surrogate(batch, ratio, token_advantages, trainer.clip_range(), measured)
+    per_token = trainer.apply_gates(batch, ratio, token_advantages, per_token, {}, measured)
+    trainer.record_metrics(batch.mode, measured)
     _, loss = trainer.aggregate(batch, per_token, {})
     loss.backward()
     return loss

@@ -129,10 +129,12 @@ def test_worked_example_through_the_trainer(toy_model_path, toy_tokenizer, tmp_p
         top_p_entropy=top_p,
         top_p_set_size=torch.tensor([[3.0, 0.0, 2.0], [1.0, 4.0, 9.0]]),
     )
-    advantages = trainer.token_advantages(batch)
-    per_token = trainer.surrogate(batch, trainer.ratio(batch), advantages)
+    measured = []
+    advantages = trainer.token_advantages(batch, measured)
+    per_token = trainer.surrogate(batch, trainer.ratio(batch), advantages, trainer.clip_range(), measured)
     policy_loss, loss = trainer.aggregate(batch, per_token, {})
-    loss = trainer.add_regularisers(batch, loss, policy_loss, None)
+    loss = trainer.add_regularisers(batch, loss, policy_loss, None, measured)
+    trainer.record_metrics(batch.mode, measured)
     loss.backward()
     assert policy_loss.item() == pytest.approx(-0.0833, abs=1e-4)
     assert loss.item() == pytest.approx(-0.0821, abs=1e-4)
@@ -219,7 +221,7 @@ def test_the_anchor_is_measured_once_on_the_first_batch_under_the_rollout_policy
     assert len(seen) == 3 and len(measured) == 1  # three generation batches, one measurement
     first = seen[0]
     expected = float64_anchor(initial, first)
-    assert trainer.siren_anchor == pytest.approx(expected, rel=1e-5)
+    assert trainer.part("siren").anchor == pytest.approx(expected, rel=1e-5)
     logged = [entry["siren/anchor"] for entry in trainer.state.log_history if "siren/anchor" in entry]
     assert logged == [pytest.approx(expected, rel=1e-5)] * 3
 
@@ -229,7 +231,7 @@ def test_a_resumed_run_keeps_the_anchor_and_never_measures_again(toy_model_path,
     straight.train()
     resumed, _, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path / "resumed", max_steps=2)
     resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-1"))
-    assert measured == [] and resumed.siren_anchor == straight.siren_anchor
+    assert measured == [] and resumed.part("siren").anchor == straight.part("siren").anchor
 
 
 def float64_anchor(model, batch):
@@ -254,11 +256,11 @@ def test_two_generation_batches_measure_the_anchor_once_on_the_first(toy_model_p
     part = trainer.part(SIRENPart.key)
     trainer.model.eval()
     part.on_generation_batch(evaluation)
-    assert trainer.siren_anchor is None
+    assert trainer.part("siren").anchor is None
     trainer.model.train()
     part.on_generation_batch(first)
     part.on_generation_batch(second)
-    assert trainer.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
+    assert trainer.part("siren").anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
 
 
 def test_a_checkpoint_carries_the_anchor_and_the_resumed_trainer_never_measures(
@@ -274,17 +276,21 @@ def test_a_checkpoint_carries_the_anchor_and_the_resumed_trainer_never_measures(
     saved.state.global_step = 1
     resumed = toy_trainer_of("siren", "resumed")
     resume_from_saved(saved, resumed, str(tmp_path / "checkpoint-1"))
-    assert resumed.siren_anchor == saved.siren_anchor == pytest.approx(float64_anchor(model, first), rel=1e-5)
+    assert (
+        resumed.part("siren").anchor
+        == saved.part("siren").anchor
+        == pytest.approx(float64_anchor(model, first), rel=1e-5)
+    )
     measured = []
     monkeypatch.setattr(resumed, "score_generation_batch", lambda *arguments: measured.append(arguments))
     resumed.part(SIRENPart.key).on_generation_batch(second)
-    assert measured == [] and resumed.siren_anchor == saved.siren_anchor
+    assert measured == [] and resumed.part("siren").anchor == saved.part("siren").anchor
 
 
 def test_a_given_anchor_is_never_measured(toy_model_path, toy_tokenizer, tmp_path):
     trainer, _, measured = recorded_run(toy_model_path, toy_tokenizer, tmp_path, max_steps=1, siren_anchor=0.25)
     trainer.train()
-    assert measured == [] and trainer.siren_anchor == 0.25
+    assert measured == [] and trainer.part("siren").anchor == 0.25
 
 
 # ---------------------------------------------------------------------------------------------------------------------

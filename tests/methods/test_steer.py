@@ -128,10 +128,12 @@ def test_worked_example_through_the_trainer(example_trainer):
         # A corrupt rollout entropy at the padded position: its Ω is not finite, and it counts nowhere.
         old_entropy=torch.tensor(OLD_ENTROPY).masked_fill(~torch.tensor(MASK).bool(), math.inf),
     )
-    advantages = trainer.token_advantages(batch)
+    measured = []
+    advantages = trainer.token_advantages(batch, measured)
     ratio = trainer.ratio(batch)
-    per_token = trainer.surrogate(batch, ratio, advantages)
-    per_token = trainer.apply_gates(batch, ratio, advantages, per_token, {})
+    per_token = trainer.surrogate(batch, ratio, advantages, trainer.clip_range(), measured)
+    per_token = trainer.apply_gates(batch, ratio, advantages, per_token, {}, measured)
+    trainer.record_metrics(batch.mode, measured)
     _, loss = trainer.aggregate(batch, per_token, {})
     loss.backward()
     assert loss.item() == pytest.approx(LOSS[mapping], abs=1e-4)
@@ -235,7 +237,7 @@ def weights_of(trainer, inputs):
     """The weights STEER gives the micro-batch ``inputs``, read off its gate."""
     scored = trainer.score_micro_batch(trainer.model, inputs)
     batch = trainer.completion_batch(inputs, scored)
-    advantages = trainer.token_advantages(batch)
+    advantages = trainer.token_advantages(batch, [])
     gate, _ = trainer.part("steer").gate(batch, trainer.ratio(batch), advantages)
     return gate.weight.detach()
 
