@@ -142,8 +142,7 @@ def test_the_captured_correction_reaches_each_methods_loss(name, mode, captured,
     fields = combination([name]).config_class.__dataclass_fields__
     options = {key: value for key, value in settings.items() if key in fields}
     trainer = build_trainer(
-        EntropyGRPOTrainer,
-        combination([name]).config_class,
+        (EntropyGRPOTrainer, combination([name]).config_class),
         vllm_toy_path,
         None,
         tmp_path,

@@ -1,6 +1,6 @@
 """``trl-entropy demo --model smollm2`` with vLLM sampling the training completions (``--generator``): the choice of
-generator, held-out sampling that stays transformers' ``generate``, and a tiny demo whose vLLM runs each train in a
-worker process of their own."""
+generator, held-out sampling that stays transformers' ``generate``, a port of its own for each worker, and a tiny demo
+whose vLLM run trains in a worker process of its own."""
 
 import json
 import os
@@ -55,9 +55,9 @@ def test_each_demo_worker_gets_a_port_of_its_own_for_vllms_process_group():
 
 
 def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path, tmp_path, monkeypatch):
-    """Two runs with vLLM and the start policy's evaluation on one worker slot: each vLLM run trains in a worker
-    process started for it (the worker's log names its process and its jobs). The figures are left out (the vLLM lane
-    has no matplotlib; the main lane's demo tests draw them)."""
+    """A run with vLLM, then the start policy's evaluation, on one worker slot: the vLLM run's worker exits after it
+    and a fresh one evaluates (each worker's log names its process and its jobs). The figures are left out (the vLLM
+    lane has no matplotlib; the main lane's demo tests draw them)."""
     monkeypatch.setattr(run, "missing_matplotlib", lambda purpose: None)
     monkeypatch.setattr(run, "plot", lambda *args: None)
     monkeypatch.setattr(report, "write_report", lambda folder: SimpleNamespace(png=None, panels=()))
@@ -65,7 +65,7 @@ def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path
     demo = DemoArguments(
         output_dir=str(output),
         model="smollm2",
-        methods=["grpo", "aent"],
+        methods=["grpo"],
         max_steps=1,
         num_prompts=2,
         num_samples=1,
@@ -76,10 +76,9 @@ def test_the_demo_trains_with_vllm_each_run_in_a_process_of_its_own(smollm2_path
     ran = re.findall(
         r"^\[demo worker (\d+)\] seed 0 / (\w+) / phase", (output / "logs" / "worker0.txt").read_text(), re.M
     )
-    assert sorted(name for _, name in ran) == ["aent", "grpo", "start"] and len({pid for pid, _ in ran}) == 3
+    assert [name for _, name in ran] == ["grpo", "start"] and len({pid for pid, _ in ran}) == 2
     history = json.loads((output / "history.json").read_text())
     assert history["generator"] == "vllm" and history["versions"]["vllm"] == vllm_version()
-    for name in ("grpo", "aent"):
-        (step,) = history["histories"][name]
-        assert step["sampling/sampling_logp_difference/max"] <= SMOLLM2_GAP_BOUND  # vLLM's log-probs: it sampled
-        assert set(history["all_seeds"]["0"][name]["1"]["correct"]["+"]) <= {0, 1}
+    (step,) = history["histories"]["grpo"]
+    assert step["sampling/sampling_logp_difference/max"] <= SMOLLM2_GAP_BOUND  # vLLM's log-probs: vLLM sampled
+    assert set(history["all_seeds"]["0"]["grpo"]["1"]["correct"]["+"]) <= {0, 1}

