@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from transformers import GenerationConfig, PrinterCallback, Trainer, TrainerCallback
+from transformers import GenerationConfig, PrinterCallback, ProcessorMixin, Trainer, TrainerCallback
 
 from trl_entropy.methods import get_method
 
@@ -87,7 +87,8 @@ def transformers_sampling(trainer):
     if not trainer.use_vllm:
         yield
         return
-    tokenizer = trainer._tokenizer  # TRL's: a processor's own tokenizer
+    processing_class = trainer.processing_class
+    tokenizer = processing_class.tokenizer if isinstance(processing_class, ProcessorMixin) else processing_class
     trainer.generation_kwargs = {
         "max_new_tokens": trainer.max_completion_length,
         "do_sample": True,

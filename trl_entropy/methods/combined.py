@@ -68,7 +68,6 @@ class EntropyGRPOConfig(
         },
     )
 
-    # aent
     aent_clamp_fraction: float | None = config_field(
         None,
         (
@@ -80,7 +79,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.3)",
     )
 
-    # aent
     aent_coef_init: float | None = config_field(
         None,
         (
@@ -92,7 +90,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.0002)",
     )
 
-    # aent
     aent_entropy_low: float | None = config_field(
         None,
         (
@@ -104,7 +101,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.05)",
     )
 
-    # aent
     aent_entropy_high: float | None = config_field(
         None,
         (
@@ -116,7 +112,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.23)",
     )
 
-    # aent
     aent_coef_lr: float | None = config_field(
         None,
         (
@@ -127,7 +122,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.001)",
     )
 
-    # aent
     aent_coef_min: float | None = config_field(
         None,
         (
@@ -138,7 +132,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1e-05)",
     )
 
-    # aent
     aent_coef_max: float | None = config_field(
         None,
         (
@@ -149,7 +142,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.003)",
     )
 
-    # aent
     aent_warmup_steps: int | None = config_field(
         None,
         (
@@ -161,7 +153,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0)",
     )
 
-    # aent
     aent_adaptive: bool | None = config_field(
         None,
         (
@@ -173,7 +164,6 @@ class EntropyGRPOConfig(
         flag=True,
     )
 
-    # aent
     aent_schedule: str | None = config_field(
         None,
         (
@@ -187,7 +177,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'constant')",
     )
 
-    # aent
     aent_entropy_low_final: float | None = config_field(
         None,
         (
@@ -198,7 +187,6 @@ class EntropyGRPOConfig(
         none_means="(aent_entropy_low stays fixed)",
     )
 
-    # aent
     aent_entropy_high_final: float | None = config_field(
         None,
         (
@@ -209,7 +197,6 @@ class EntropyGRPOConfig(
         none_means="(aent_entropy_high stays fixed)",
     )
 
-    # aent
     aent_coef_min_final: float | None = config_field(
         None,
         (
@@ -220,7 +207,6 @@ class EntropyGRPOConfig(
         none_means="(aent_coef_min stays fixed)",
     )
 
-    # aent
     aent_coef_max_final: float | None = config_field(
         None,
         (
@@ -231,7 +217,6 @@ class EntropyGRPOConfig(
         none_means="(aent_coef_max stays fixed)",
     )
 
-    # aent
     aent_schedule_warmup_steps: int | None = config_field(
         None,
         (
@@ -243,7 +228,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0)",
     )
 
-    # aent
     aent_schedule_decay_steps: int | None = config_field(
         None,
         (
@@ -254,7 +238,6 @@ class EntropyGRPOConfig(
         none_means="(to the run's last step, max_steps)",
     )
 
-    # clip_cov or kl_cov
     cov_selection_scope: str | None = config_field(
         None,
         (
@@ -269,7 +252,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'micro_batch')",
     )
 
-    # clip_cov
     clip_cov_ratio: float | None = config_field(
         None,
         (
@@ -283,7 +265,6 @@ class EntropyGRPOConfig(
         note="(a fraction of the valid tokens)",
     )
 
-    # clip_cov
     clip_cov_lb: float | None = config_field(
         None,
         (
@@ -294,7 +275,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.0)",
     )
 
-    # clip_cov
     clip_cov_ub: float | None = config_field(
         None,
         (
@@ -305,7 +285,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 5.0)",
     )
 
-    # kl_cov
     kl_cov_ratio: float | None = config_field(
         None,
         (
@@ -319,7 +298,6 @@ class EntropyGRPOConfig(
         note="(a fraction of the valid tokens)",
     )
 
-    # kl_cov
     kl_cov_coef: float | None = config_field(
         None,
         (
@@ -330,7 +308,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.0)",
     )
 
-    # repo_r or repo_d
     repo_variant: str | None = config_field(
         None,
         (
@@ -342,7 +319,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, the one the method's name stands for)",
     )
 
-    # repo_r or repo_d
     repo_centering: str | None = config_field(
         None,
         (
@@ -353,7 +329,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'none')",
     )
 
-    # repo_r or repo_d
     repo_beta: float | None = config_field(
         None,
         (
@@ -365,7 +340,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.0)",
     )
 
-    # repo_r or repo_d
     repo_beta_min: float | None = config_field(
         None,
         (
@@ -377,7 +351,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.0001)",
     )
 
-    # repo_r or repo_d
     repo_beta_max: float | None = config_field(
         None,
         (
@@ -388,7 +361,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.05)",
     )
 
-    # repo_r or repo_d
     repo_entropy_target: float | None = config_field(
         None,
         (
@@ -399,7 +371,6 @@ class EntropyGRPOConfig(
         none_means="to measure it on the first generation cycle",
     )
 
-    # repo_r or repo_d
     repo_keep_advantage_sign: bool | None = config_field(
         None,
         (
@@ -411,7 +382,6 @@ class EntropyGRPOConfig(
         flag=True,
     )
 
-    # adapo
     adapo_epsilon_high_step: float | None = config_field(
         None,
         (
@@ -422,7 +392,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.01)",
     )
 
-    # adapo
     adapo_epsilon_high_min: float | None = config_field(
         None,
         (
@@ -433,7 +402,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.1)",
     )
 
-    # adapo
     adapo_epsilon_high_max: float | None = config_field(
         None,
         (
@@ -444,7 +412,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.5)",
     )
 
-    # adapo
     adapo_entropy_target: float | None = config_field(
         None,
         (
@@ -455,7 +422,6 @@ class EntropyGRPOConfig(
         none_means="to measure it on the first generation cycle",
     )
 
-    # qae
     qae_quantile_k: float | None = config_field(
         None,
         (
@@ -468,7 +434,6 @@ class EntropyGRPOConfig(
         note="(the authors' code falls back to the mean outside (0, 1): use method grpo for that)",
     )
 
-    # ent_adv
     ent_adv_alpha: float | None = config_field(
         None,
         (
@@ -481,7 +446,6 @@ class EntropyGRPOConfig(
         note="(0 turns the entropy term off)",
     )
 
-    # ent_adv
     ent_adv_kappa: float | None = config_field(
         None,
         (
@@ -493,7 +457,6 @@ class EntropyGRPOConfig(
         note="(the term is capped at |A| / kappa: below |A|, so a negative advantage keeps its sign)",
     )
 
-    # ce_gppo
     ce_gppo_beta1: float | None = config_field(
         None,
         (
@@ -506,7 +469,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.5)",
     )
 
-    # ce_gppo
     ce_gppo_beta2: float | None = config_field(
         None,
         (
@@ -518,7 +480,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.0)",
     )
 
-    # erc
     erc_low: float | None = config_field(
         None,
         (
@@ -530,7 +491,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.95)",
     )
 
-    # erc
     erc_high: float | None = config_field(
         None,
         (
@@ -542,7 +502,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.05)",
     )
 
-    # entropic
     entropic_target: float | None = config_field(
         None,
         (
@@ -554,7 +513,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.1)",
     )
 
-    # entropic
     entropic_kp: float | None = config_field(
         None,
         (
@@ -565,7 +523,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.0)",
     )
 
-    # entropic
     entropic_ki: float | None = config_field(
         None,
         (
@@ -576,7 +533,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.01)",
     )
 
-    # entropic
     entropic_high_prob: float | None = config_field(
         None,
         (
@@ -587,7 +543,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.95)",
     )
 
-    # steer
     steer_mapping: str | None = config_field(
         None,
         (
@@ -600,7 +555,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'exponential')",
     )
 
-    # steer
     steer_weight_min: float | None = config_field(
         None,
         (
@@ -612,7 +566,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.8)",
     )
 
-    # steer
     steer_weight_max: float | None = config_field(
         None,
         (
@@ -624,7 +577,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 1.2)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_variant: str | None = config_field(
         None,
         (
@@ -638,7 +590,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, the one the method's name stands for)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_shape: str | None = config_field(
         None,
         (
@@ -650,7 +601,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'linear')",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_lower_start: float | None = config_field(
         None,
         (
@@ -661,7 +611,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.6)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_lower_end: float | None = config_field(
         None,
         (
@@ -672,7 +621,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.4)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_upper_start: float | None = config_field(
         None,
         (
@@ -683,7 +631,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.7)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_upper_end: float | None = config_field(
         None,
         (
@@ -694,7 +641,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.5)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_reward_offset: float | None = config_field(
         None,
         (
@@ -706,7 +652,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.0)",
     )
 
-    # entrocraft or entrocraft_sign
     entrocraft_entropy_source: str | None = config_field(
         None,
         (
@@ -719,7 +664,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'rollout')",
     )
 
-    # siren
     siren_coef: float | None = config_field(
         None,
         (
@@ -730,7 +674,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.005)",
     )
 
-    # siren
     siren_coef_schedule: str | None = config_field(
         None,
         (
@@ -742,7 +685,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 'constant')",
     )
 
-    # siren
     siren_coef_final: float | None = config_field(
         None,
         (
@@ -753,7 +695,6 @@ class EntropyGRPOConfig(
         none_means="(no final value: the schedule must be 'constant')",
     )
 
-    # siren
     siren_coef_warmup_steps: int | None = config_field(
         None,
         (
@@ -764,7 +705,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0)",
     )
 
-    # siren
     siren_coef_warmup_start: float | None = config_field(
         None,
         (
@@ -775,7 +715,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.0)",
     )
 
-    # siren
     siren_coef_decay_steps: int | None = config_field(
         None,
         (
@@ -786,7 +725,6 @@ class EntropyGRPOConfig(
         none_means="(to the run's last step, max_steps)",
     )
 
-    # siren
     siren_top_p: float | None = config_field(
         None,
         (
@@ -798,7 +736,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.8)",
     )
 
-    # siren
     siren_top_k: int | None = config_field(
         None,
         (
@@ -809,7 +746,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 10000)",
     )
 
-    # siren
     siren_mask_ratio: float | None = config_field(
         None,
         (
@@ -821,7 +757,6 @@ class EntropyGRPOConfig(
         none_means="(the selected method's default, 0.8)",
     )
 
-    # siren
     siren_anchor: float | None = config_field(
         None,
         (
@@ -832,7 +767,6 @@ class EntropyGRPOConfig(
         none_means="(measured on the first generation batch)",
     )
 
-    # siren
     siren_include_crossing: bool | None = config_field(
         None,
         (

@@ -161,13 +161,13 @@ def combined_source() -> str:
             "        },",
             "    )",
         ]
-    for name, owners in FIELD_OWNERS.items():
+    for name in FIELD_OWNERS:
         item = method_field(name)
         rule = FIELD_RULES.get(item)
         default = default_of(item)
         said = "the one the method's name stands for" if name in chosen_fields() else repr(default)
         help_text = f"{item.metadata['help']} None: the selected method's default ({said})."
-        lines += ["", f"    # {' or '.join(owners)}", f"    {name}: {optional_type_source(item.type)} = config_field("]
+        lines += ["", f"    {name}: {optional_type_source(item.type)} = config_field("]
         lines += ["        None,", *string_lines(help_text, "        ", ",", 8)]
         if rule is not None:
             if rule.valid is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from ..core.citation import Paper
 from ..core.places import Place
+from ..core.trl.bridge import model_card_of
 
 
 @dataclass(frozen=True)
@@ -164,11 +165,11 @@ class MethodSpec:
 
     @property
     def name(self) -> str | None:
-        return None if self.paper is None else self.trainer_class._name
+        return None if self.paper is None else model_card_of(self.trainer_class)[0]
 
     @property
     def tag(self) -> str | None:
-        return None if self.paper is None else self.trainer_class._tag_names[-1]
+        return None if self.paper is None else model_card_of(self.trainer_class)[1][-1]
 
     @property
     def public(self) -> dict[str, type]:

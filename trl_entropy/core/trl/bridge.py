@@ -19,8 +19,8 @@ Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:
 :attr:`TRLBridge.buffered_generation_batch` (where a generation cycle stands, for checkpoints),
 :meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus`,
 :meth:`TRLBridge.step_trl_entropy_coef` and :meth:`TRLBridge.rollout_entropy`; for any GRPO trainer,
-:func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`set_model_card`
-and :func:`grpo_citation`.
+:func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`model_card_of`,
+:func:`set_model_card` and :func:`grpo_citation`.
 """
 
 import os
@@ -310,6 +310,11 @@ def discard_reward_logs(trainer: GRPOTrainer) -> None:
     """Drop what reward functions passed to ``log_extra`` or ``log_metric`` since the last generation batch."""
     trainer._pending_extra_logs.clear()
     trainer._pending_metrics.clear()
+
+
+def model_card_of(trainer_class: type) -> tuple[str, list[str]]:
+    """The method a trainer class's model card names and the tags it carries (TRL's ``_name`` and ``_tag_names``)."""
+    return trainer_class._name, trainer_class._tag_names
 
 
 def set_model_card(trainer_class: type, name: str, paper: dict[str, str], tags: str | list[str]) -> None:
