@@ -28,7 +28,7 @@ class MethodsSelection(EntropyGRPOBaseConfig):
     def select_methods(self) -> None:
         names = self.selected()
         chosen = [METHODS[name] for name in names]
-        declared_again = set(FIELD_OWNERS) | set(base_fields_methods_set())
+        declared_again = set(FIELD_OWNERS) | set(BASE_FIELDS_METHODS_SET)
         options_set = {name for name in declared_again if getattr(self, name) is not None}
         base = [item for item in fields(EntropyGRPOBaseConfig) if item.name not in declared_again]
         options_set |= {item.name for item in base if getattr(self, item.name) != default_of(item)}
@@ -51,7 +51,7 @@ class MethodsSelection(EntropyGRPOBaseConfig):
             for item in fields(entry.config_class):
                 if item.name in FIELD_OWNERS and getattr(self, item.name) is None:
                     setattr(self, item.name, default_of(item))
-        for name in base_fields_methods_set():  # a field of the base no selected method gives: the base's default
+        for name in BASE_FIELDS_METHODS_SET:  # a field of the base no selected method gives: the base's default
             if getattr(self, name) is None:
                 setattr(self, name, default_of(EntropyGRPOBaseConfig.__dataclass_fields__[name]))
 
@@ -102,7 +102,7 @@ class MethodsSelection(EntropyGRPOBaseConfig):
 # method gives another default (ADAPO's epsilon_high, entreg's entropy_coef) takes the selected method's or else the
 # base's; a method's own field takes the selected method's default, and a value set for a method that is not selected
 # is refused.
-def base_fields_methods_set() -> list[str]:
+def base_fields_methods_set() -> tuple[str, ...]:
     base = EntropyGRPOBaseConfig.__dataclass_fields__
     changed = {
         item.name
@@ -111,13 +111,15 @@ def base_fields_methods_set() -> list[str]:
         if item.name in base and item is not base[item.name]
     }
     changed |= {key for entry in METHODS.values() for key in entry.defaults if key in base}
-    return sorted(changed)
+    return tuple(sorted(changed))
+
+
+BASE_FIELDS_METHODS_SET = base_fields_methods_set()
 
 
 def method_field(name: str):
     """The field ``name`` as its method's config declares it (the first registered method that has it)."""
-    owner = next(spec.config_class for spec in SPECS if name in spec.config_class.__dataclass_fields__)
-    return owner.__dataclass_fields__[name]
+    return METHODS[FIELD_OWNERS[name][0]].config_class.__dataclass_fields__[name]
 
 
 def combined_source() -> str:
@@ -147,7 +149,7 @@ def combined_source() -> str:
         '    at None takes the selected method\'s default."""',
     ]
     base = EntropyGRPOBaseConfig.__dataclass_fields__
-    for name in base_fields_methods_set():
+    for name in BASE_FIELDS_METHODS_SET:
         item = base[name]
         help_text = item.metadata["help"]
         if item.default is not None:
@@ -161,11 +163,12 @@ def combined_source() -> str:
             "        },",
             "    )",
         ]
+    chosen = {key for entry in METHODS.values() for key in entry.defaults}  # the fields a registry name sets
     for name in FIELD_OWNERS:
         item = method_field(name)
         rule = FIELD_RULES.get(item)
         default = default_of(item)
-        said = "the one the method's name stands for" if name in chosen_fields() else repr(default)
+        said = "the one the method's name stands for" if name in chosen else repr(default)
         help_text = f"{item.metadata['help']} None: the selected method's default ({said})."
         lines += ["", f"    {name}: {optional_type_source(item.type)} = config_field("]
         lines += ["        None,", *string_lines(help_text, "        ", ",", 8)]
@@ -186,11 +189,6 @@ def combined_source() -> str:
     if "math.inf" in text:
         text = text.replace("from dataclasses import", "import math\nfrom dataclasses import", 1)
     return text
-
-
-def chosen_fields() -> list[str]:
-    """The fields a registry name stands for a value of (a variant's field)."""
-    return sorted({key for entry in METHODS.values() for key in entry.defaults if key in FIELD_OWNERS})
 
 
 def range_source(valid: Range) -> str:
