@@ -3,7 +3,10 @@ GRPO's (``core/trl/bridge.py`` writes them where TRL's card reads them)."""
 
 from dataclasses import dataclass
 
-from .trl.bridge import grpo_citation, set_model_card
+from .trl.bridge import grpo_citation, model_card_tags, set_model_card
+
+
+__all__ = ["Paper", "method_paper", "model_card_tags", "sign_combined_model_card"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ gradient_accumulation_steps``); on-policy its config warns.
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import (
     ENTROPY_TARGET,
     EntropyGRPOBaseConfig,
@@ -186,7 +186,7 @@ class ADAPOTrainer(EntropyGRPOTrainer):
     )
     _name = "ADAPO"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "adapo"]
+    _tag_names = model_card_tags("adapo")
 
 
 SPEC = MethodSpec(

@@ -20,7 +20,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.bounds import ScheduledBounds
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
@@ -224,7 +224,7 @@ class AEntTrainer(EntropyGRPOTrainer):
     paper = Paper("aent2025", "On Entropy Control in LLM-RL Algorithms", "2509.03493", 2025, note="ICLR 2026")
     _name = "AEnt"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "aent"]
+    _tag_names = model_card_tags("aent")
 
 
 SPEC = MethodSpec(

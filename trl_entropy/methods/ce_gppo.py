@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -199,7 +199,7 @@ class CEGPPOTrainer(EntropyGRPOTrainer):
     )
     _name = "CE-GPPO"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "ce-gppo"]
+    _tag_names = model_card_tags("ce-gppo")
 
 
 SPEC = MethodSpec(

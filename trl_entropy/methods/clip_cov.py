@@ -17,7 +17,7 @@ import torch
 
 from ..core.batch import CompletionBatch
 from ..core.checkpoint import load_rank_file, rank_file
-from ..core.citation import method_paper
+from ..core.citation import method_paper, model_card_tags
 from ..core.config import TOKEN_FRACTION, Range, config_field
 from ..core.parts import Metrics, TokenGate, TokenMean
 from ..core.statistics import token_covariance
@@ -204,7 +204,7 @@ class ClipCovTrainer(EntropyGRPOTrainer):
     paper = COV_PAPER
     _name = "Clip-Cov"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "clip-cov"]
+    _tag_names = model_card_tags("clip-cov")
 
 
 SPEC = MethodSpec(

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -123,7 +123,7 @@ class EntropyAdvantageTrainer(EntropyGRPOTrainer):
     )
     _name = "Entropy-based advantage shaping"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "ent-adv"]
+    _tag_names = model_card_tags("ent-adv")
 
 
 SPEC = MethodSpec(

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.control import Controller, LastCycleMean
 from ..core.parts import MethodPart, warn_beside_entropy_drivers
@@ -205,7 +205,7 @@ class EntrocraftTrainer(EntropyGRPOTrainer):
     )
     _name = "Entrocraft"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "entrocraft"]
+    _tag_names = model_card_tags("entrocraft")
 
 
 SPEC = MethodSpec(

@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller
 from ..core.parts import MethodPart, Metrics
@@ -211,7 +211,7 @@ class EntroPICTrainer(EntropyGRPOTrainer):
     )
     _name = "EntroPIC"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "entropic"]
+    _tag_names = model_card_tags("entropic")
 
 
 SPEC = MethodSpec(

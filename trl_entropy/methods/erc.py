@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, warn_if_on_policy
 from ..core.parts import MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -147,7 +147,7 @@ class ERCTrainer(EntropyGRPOTrainer):
     )
     _name = "ERC"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "erc"]
+    _tag_names = model_card_tags("erc")
 
 
 SPEC = MethodSpec(

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import method_paper
+from ..core.citation import method_paper, model_card_tags
 from ..core.config import TOKEN_FRACTION, Range, config_field, warn_if_on_policy
 from ..core.parts import Metrics, TokenMean
 from ..core.statistics import token_covariance
@@ -138,7 +138,7 @@ class KLCovTrainer(EntropyGRPOTrainer):
     paper = COV_PAPER
     _name = "KL-Cov"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "kl-cov"]
+    _tag_names = model_card_tags("kl-cov")
 
 
 SPEC = MethodSpec(

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics
 from ..core.trainer import EntropyGRPOTrainer
@@ -128,7 +128,7 @@ class QAETrainer(EntropyGRPOTrainer):
     )
     _name = "QAE"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "qae"]
+    _tag_names = model_card_tags("qae")
 
 
 SPEC = MethodSpec(

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import ENTROPY_TARGET, EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.control import Controller, EntropyTargetController, entropy_direction
 from ..core.parts import MethodPart, Metrics
@@ -225,7 +225,7 @@ class REPOTrainer(EntropyGRPOTrainer):
     )
     _name = "REPO"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "repo"]
+    _tag_names = model_card_tags("repo")
 
 
 SPEC = MethodSpec(

@@ -21,7 +21,7 @@ import torch
 from ..core.batch import CompletionBatch
 from ..core.bounds import ScheduledCoefficient
 from ..core.checkpoint import load_rank_file
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field, reject_trl_entropy_bonus
 from ..core.parts import MethodPart, Metrics, TokenMean, TopPRule
 from ..core.trainer import EntropyGRPOTrainer, generation_batch_mask
@@ -182,7 +182,7 @@ class SIRENTrainer(EntropyGRPOTrainer):
     )
     _name = "SIREN"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "siren"]
+    _tag_names = model_card_tags("siren")
 
 
 SPEC = MethodSpec(

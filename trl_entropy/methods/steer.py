@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..core.batch import CompletionBatch
-from ..core.citation import Paper, method_paper
+from ..core.citation import Paper, method_paper, model_card_tags
 from ..core.config import EntropyGRPOBaseConfig, Range, config_field
 from ..core.parts import Gathered, MethodPart, Metrics, TokenGate, TokenMean
 from ..core.trainer import EntropyGRPOTrainer
@@ -176,7 +176,7 @@ class STEERTrainer(EntropyGRPOTrainer):
     )
     _name = "STEER"
     _paper = method_paper(paper)
-    _tag_names = ["trl", "grpo", "trl-entropy", "steer"]
+    _tag_names = model_card_tags("steer")
 
 
 SPEC = MethodSpec(

@@ -20,7 +20,7 @@ Under our names: :attr:`TRLBridge.mode`, :meth:`TRLBridge.record_metric`, :attr:
 :meth:`TRLBridge.replace_logged_advantages`, :meth:`TRLBridge.trl_entropy_bonus`,
 :meth:`TRLBridge.step_trl_entropy_coef` and :meth:`TRLBridge.rollout_entropy`; for any GRPO trainer,
 :func:`generate_and_score` and :func:`discard_reward_logs` (pass@k); for a trainer class, :func:`model_card_of`,
-:func:`set_model_card` and :func:`grpo_citation`.
+:func:`model_card_tags`, :func:`set_model_card` and :func:`grpo_citation`.
 """
 
 import os
@@ -317,13 +317,18 @@ def model_card_of(trainer_class: type) -> tuple[str, list[str]]:
     return trainer_class._name, trainer_class._tag_names
 
 
+def model_card_tags(*tags: str) -> list[str]:
+    """The tags a trainer's model card carries: the base's (TRL's and ours), then ``tags``."""
+    return [*TRLBridge._tag_names, *tags]
+
+
 def set_model_card(trainer_class: type, name: str, paper: dict[str, str], tags: str | list[str]) -> None:
     """Make the model card of ``trainer_class`` say "trained with ``name``", cite ``paper`` (``title``, ``id`` and
     ``citation``, as TRL reads them; the title and id may be left out) and tag the model with ``tags`` after the base's
     tags."""
     trainer_class._name = name
     trainer_class._paper = paper
-    trainer_class._tag_names = [*TRLBridge._tag_names, *([tags] if isinstance(tags, str) else tags)]
+    trainer_class._tag_names = model_card_tags(*([tags] if isinstance(tags, str) else tags))
 
 
 def grpo_citation() -> str:
