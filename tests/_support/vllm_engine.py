@@ -8,12 +8,12 @@ or torch file in the test's folder.
 
 import json
 import os
-import socket
 
 import torch
 
 from _support.distributed_run import make_trainer
 from _support.process import run_forked
+from trl_entropy.demo.scheduler import engine_port
 
 
 VLLM_MISSING = (
@@ -68,15 +68,9 @@ def next_engine_port() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     first = 20000 + ENGINE_PORTS * int(worker or 0)
     start = _last_port[-1] + 1 if _last_port else first
-    for port in range(start, first + ENGINE_PORTS):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("localhost", port))
-            except OSError:
-                continue
-        _last_port.append(port)
-        return port
-    raise RuntimeError(f"no free port left in {first}..{first + ENGINE_PORTS - 1} for a vLLM engine")
+    port = engine_port(set(), range(start, first + ENGINE_PORTS))
+    _last_port.append(port)
+    return port
 
 
 def in_child(function, *args, **keyword):

@@ -16,12 +16,12 @@ from .jobs import Job, run_job
 from .models import TASK_A, TASK_B
 
 
-def engine_port(taken: set[int]) -> int:
-    """A free port that no other worker of this demo was given, below Linux's ephemeral range (where no outgoing
-    connection takes it), added to ``taken``. TRL's colocate mode starts vLLM's process group on ``MASTER_PORT``, or
-    else on the first of a few fixed ports that is free when it looks: two workers starting at once would both take
-    29500."""
-    for port in range(29500, 32768):
+def engine_port(taken: set[int], ports: range = range(29500, 32768)) -> int:
+    """A free port of ``ports`` not in ``taken`` (the ports other engines were given), added to ``taken``; the default
+    range lies below Linux's ephemeral range, where no outgoing connection takes a port. TRL's colocate mode starts
+    vLLM's process group on ``MASTER_PORT``, or else on the first of a few fixed ports that is free when it looks: two
+    engines starting at once would both take 29500."""
+    for port in ports:
         if port in taken:
             continue
         with socket.socket() as probe:
@@ -31,7 +31,7 @@ def engine_port(taken: set[int]) -> int:
                 continue
         taken.add(port)
         return port
-    raise RuntimeError("no free port in 29500..32767 for a demo worker's vLLM engine")
+    raise RuntimeError(f"no free port in {ports.start}..{ports.stop - 1} for a vLLM engine")
 
 
 def execute(jobs: list[Job], after: dict[str, Job], workers: int, output_dir: str) -> dict[str, dict]:
